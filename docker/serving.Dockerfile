@@ -1,0 +1,22 @@
+# Serving image: kubetrt[serve] only (numpy + onnx + FastAPI; no TensorFlow).
+# GPU targets use a CUDA/TensorRT base via --build-arg BASE=nvcr.io/nvidia/tensorrt:<tag>-py3 (pinned).
+# Build from the repo root: docker build -f docker/serving.Dockerfile -t ghcr.io/kubetrt/serving:0.1.0 .
+ARG BASE=python:3.11.11-slim-bookworm
+FROM ${BASE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY kubetrt ./kubetrt
+COPY runtime ./runtime
+COPY serving ./serving
+COPY pipeline ./pipeline
+COPY operators ./operators
+RUN python -m venv /opt/kubetrt && /opt/kubetrt/bin/pip install ".[serve]"
+
+FROM ${BASE}
+COPY --from=build /opt/kubetrt /opt/kubetrt
+ENV PATH=/opt/kubetrt/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp
+USER 65532:65532
+EXPOSE 8080
+ENTRYPOINT ["kubetrt"]
+CMD ["serve", "--help"]

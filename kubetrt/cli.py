@@ -1,0 +1,47 @@
+"""The `kubetrt` command: a thin dispatcher; each subcommand lives in kubetrt/commands/.
+
+Subcommand modules only declare arguments at import time and import their heavy dependencies
+(TensorFlow, kfp, uvicorn) inside the handler, so `kubetrt --help` stays instant.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+
+COMMANDS = ("lower", "build", "serve", "pipeline", "demo", "devices")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="kubetrt", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"kubetrt.commands.{name}")
+        except ModuleNotFoundError as e:
+            if e.name != f"kubetrt.commands.{name}":
+                raise
+            continue
+        module.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    from kubetrt.logs import configure
+
+    configure(verbosity=args.verbose)
+    try:
+        return int(args.func(args) or 0)
+    except KeyboardInterrupt:
+        return 130
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        logging.getLogger("kubetrt").debug("command failed", exc_info=True)
+        print(f"kubetrt {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Subcommands of the kubetrt CLI; each module defines register(subparsers)."""

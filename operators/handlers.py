@@ -1,0 +1,100 @@
+"""kopf handlers: thin triggers around operators/sync.py.
+
+Run: ``kopf run --all-namespaces --peering=kubetrt -m kubetrt.operators.handlers``.
+Every trigger (the object's own changes, its children's events, a resync timer) calls the same
+idempotent sync function, so a missed event only delays convergence until the next trigger.
+"""
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+from typing import Any, Mapping
+
+import kopf
+
+from kubetrt.operators import crds, objects, sync
+from kubetrt.operators.kube import KubeClient
+from kubetrt.operators.objects import OperatorConfig
+
+log = logging.getLogger("kubetrt.operators")
+MD = (crds.GROUP, crds.VERSION, "modeldeployments")
+EB = (crds.GROUP, crds.VERSION, "enginebuilds")
+MANAGED = {"app.kubernetes.io/managed-by": objects.MANAGED_BY}
+
+
+def peering_priority(env: Mapping[str, str] | None = None) -> int:
+    """Distinct priority per replica (from the pod name) so exactly one replica acts, the rest wait.
+
+    kopf pauses operators that see a higher-priority peer; equal priorities would both run.
+    KUBETRT_PEERING_PRIORITY overrides it (e.g. 1000 for a debugging session that should win).
+    """
+    env = os.environ if env is None else env
+    if env.get("KUBETRT_PEERING_PRIORITY"):
+        return int(env["KUBETRT_PEERING_PRIORITY"])
+    ident = env.get("POD_NAME") or env.get("HOSTNAME") or "kubetrt"
+    return int(hashlib.sha256(ident.encode()).hexdigest()[:7], 16) % 100_000
+
+
+def _owner(meta: Mapping[str, Any], kind: str) -> str | None:
+    for ref in meta.get("ownerReferences") or []:
+        if ref.get("kind") == kind and str(ref.get("apiVersion", "")).startswith(crds.GROUP + "/"):
+            return str(ref["name"])
+    return None
+
+
+def register(registry: kopf.OperatorRegistry, resync_seconds: float | None = None) -> None:
+    """Register the handlers into ``registry`` (the default one on import; tests use their own)."""
+    resync = resync_seconds if resync_seconds is not None else OperatorConfig.from_env().resync_seconds
+
+    @kopf.on.startup(registry=registry)
+    def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+        settings.posting.level = logging.WARNING  # k8s Events only for problems: quiet by default
+        settings.peering.priority = peering_priority()
+        settings.persistence.finalizer = "kubetrt.io/operator"
+        if "config" not in memo:
+            memo.config = OperatorConfig.from_env()
+        if "kube" not in memo:
+            memo.kube = KubeClient.from_environment()
+
+    # ModelDeployment: its own lifecycle and a periodic resync.
+    @kopf.on.resume(*MD, registry=registry)
+    @kopf.on.create(*MD, registry=registry)
+    @kopf.on.update(*MD, field="spec", registry=registry)
+    def model_deployment_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+        sync.sync_model_deployment(memo.kube, memo.config, namespace, name)
+
+    @kopf.timer(*MD, interval=resync, initial_delay=resync, idle=resync, registry=registry)
+    def model_deployment_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+        sync.sync_model_deployment(memo.kube, memo.config, namespace, name)
+
+    # EngineBuild: ensure its Job; every change of it (status included) re-syncs its ModelDeployment.
+    @kopf.on.event(*EB, registry=registry)
+    def engine_build_event(type: str | None, body: kopf.Body, namespace: str, name: str,
+                           memo: kopf.Memo, **_: Any) -> None:
+        if type != "DELETED":
+            sync.sync_engine_build(memo.kube, memo.config, namespace, name)
+        owner = body.get("spec", {}).get("modelDeployment", {}).get("name") or _owner(body.meta, "ModelDeployment")
+        if owner:
+            sync.sync_model_deployment(memo.kube, memo.config, namespace, owner)
+
+    @kopf.timer(*EB, interval=resync, initial_delay=resync, idle=resync, registry=registry,
+                when=lambda status, **_: status.get("phase") not in ("Succeeded", "Failed"))
+    def engine_build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
+        sync.sync_engine_build(memo.kube, memo.config, namespace, name)
+
+    # Children: build Jobs move their EngineBuild; serving Deployments move their ModelDeployment.
+    @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, registry=registry)
+    def job_event(meta: kopf.Meta, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        owner = _owner(meta, "EngineBuild")
+        if owner:
+            sync.sync_engine_build(memo.kube, memo.config, namespace, owner)
+
+    @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
+    def deployment_event(meta: kopf.Meta, namespace: str, memo: kopf.Memo, **_: Any) -> None:
+        owner = _owner(meta, "ModelDeployment")
+        if owner:
+            sync.sync_model_deployment(memo.kube, memo.config, namespace, owner)
+
+
+register(kopf.get_default_registry())

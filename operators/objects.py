@@ -1,0 +1,423 @@
+"""Desired Kubernetes objects for a ModelDeployment, as plain dicts (pure functions, no I/O).
+
+Everything engine-bound in a serving Deployment (node pinning, device, engine key) is taken from
+the EngineBuild whose engine it serves, never from the live spec: so a spec change that needs a
+new engine reaches pods only once that engine's build verified.
+"""
+from __future__ import annotations
+
+import copy
+import hashlib
+import json
+import os
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kubetrt.operators import crds
+
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+SERVING_PORT = 8080
+MANAGED_BY = "kubetrt-operator"
+
+LABEL_MD = "kubetrt.io/model-deployment"
+LABEL_TARGET = "kubetrt.io/target"
+LABEL_BUILD = "kubetrt.io/engine-build"
+ANN_ENGINE_KEY = "kubetrt.io/engine-key"
+ANN_ENGINE_BUILD = "kubetrt.io/engine-build"
+ANN_SPEC_HASH = "kubetrt.io/spec-hash"
+
+Obj = dict[str, Any]
+
+
+@dataclass(frozen=True)
+class OperatorConfig:
+    """Operator settings (env of the operator pod; the Helm chart fills them from values)."""
+
+    serving_image: str = "ghcr.io/kubetrt/serving:0.1.0"
+    builder_image: str = "ghcr.io/kubetrt/builder:0.1.0"
+    pull_policy: str = "IfNotPresent"
+    job_ttl_seconds: int = 86400
+    resync_seconds: float = 60.0
+    cluster_domain: str = "cluster.local"
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorConfig":
+        env = os.environ if env is None else env
+        d = cls()
+        return cls(
+            serving_image=env.get("KUBETRT_SERVING_IMAGE", d.serving_image),
+            builder_image=env.get("KUBETRT_BUILDER_IMAGE", d.builder_image),
+            pull_policy=env.get("KUBETRT_IMAGE_PULL_POLICY", d.pull_policy),
+            job_ttl_seconds=int(env.get("KUBETRT_JOB_TTL_SECONDS", d.job_ttl_seconds)),
+            resync_seconds=float(env.get("KUBETRT_RESYNC_SECONDS", d.resync_seconds)),
+            cluster_domain=env.get("KUBETRT_CLUSTER_DOMAIN", d.cluster_domain),
+        )
+
+
+# ----------------------------------------------------------------------------- naming & hashing
+def stable_hash(value: Any, length: int = 10) -> str:
+    """Short content hash of a JSON-able value (canonical JSON, so key order does not matter)."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def dns_label(*parts: str, max_len: int = 63) -> str:
+    """Join parts into a valid DNS-1035 label; too-long names keep a hash suffix to stay unique."""
+    raw = "-".join(p.strip("-").lower() for p in parts if p)
+    clean = "".join(c if (c.isalnum() or c == "-") else "-" for c in raw).strip("-")
+    if not clean or not clean[0].isalpha():
+        clean = "x-" + clean
+    if len(clean) > max_len:
+        suffix = stable_hash(raw, 8)
+        clean = clean[: max_len - 9].rstrip("-") + "-" + suffix
+    return clean
+
+
+def deployment_name(md_name: str, target_name: str) -> str:
+    return dns_label(md_name, target_name)
+
+
+def service_name(md_name: str) -> str:
+    return dns_label(md_name)
+
+
+def labels(md_name: str, component: str, target: str | None = None) -> dict[str, str]:
+    out = {
+        "app.kubernetes.io/name": "kubetrt",
+        "app.kubernetes.io/instance": md_name[:63],
+        "app.kubernetes.io/component": component,
+        "app.kubernetes.io/part-of": "kubetrt",
+        "app.kubernetes.io/managed-by": MANAGED_BY,
+        LABEL_MD: md_name[:63],
+    }
+    if target is not None:
+        out[LABEL_TARGET] = target
+    return out
+
+
+def owner_reference(owner: Mapping[str, Any]) -> dict[str, Any]:
+    """Controller reference: the garbage collector deletes children with their owner."""
+    meta = owner["metadata"]
+    return {"apiVersion": owner["apiVersion"], "kind": owner["kind"], "name": meta["name"],
+            "uid": meta.get("uid", ""), "controller": True, "blockOwnerDeletion": True}
+
+
+def with_spec_hash(obj: Obj) -> Obj:
+    """Annotate an object with the hash of its desired content: equal hash means nothing to apply."""
+    out = copy.deepcopy(obj)
+    out["metadata"].setdefault("annotations", {}).pop(ANN_SPEC_HASH, None)
+    out["metadata"]["annotations"][ANN_SPEC_HASH] = stable_hash(out, 16)
+    return out
+
+
+# ----------------------------------------------------------------------------- spec handling
+def normalized_spec(md: Mapping[str, Any]) -> dict[str, Any]:
+    """The ModelDeployment spec with the CRD's defaults applied."""
+    schema = crds.model_deployment_spec_schema()
+    return crds.apply_defaults(schema, copy.deepcopy(dict(md.get("spec") or {})))
+
+
+def resolve_target(spec: Mapping[str, Any], target: Mapping[str, Any]) -> dict[str, Any]:
+    """A target with every engine setting decided (backend and precision defaults depend on kind)."""
+    t = dict(target)
+    is_cpu = bool(t.get("cpu"))
+    t.setdefault("backend", "host" if is_cpu else "tensorrt")
+    t.setdefault("precision", spec["optimization"]["precision"])
+    t.setdefault("replicas", 1)
+    if not is_cpu:
+        t.setdefault("gpus", 1)
+    return t
+
+
+def validate_spec(spec: Mapping[str, Any]) -> list[str]:
+    """Checks the CRD schema cannot express (it rejects the rest before the operator sees it)."""
+    errors = []
+    names = [t.get("name") for t in spec.get("targets", [])]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        errors.append(f"duplicate target names: {', '.join(map(str, dupes))}")
+    for t in spec.get("targets", []):
+        if bool(t.get("gpuProduct")) == bool(t.get("cpu")):
+            errors.append(f"target {t.get('name')}: set exactly one of gpuProduct or cpu")
+        elif t.get("cpu") and t.get("backend", "host") != "host":
+            errors.append(f"target {t.get('name')}: CPU targets use backend host")
+    prof = spec.get("optimization", {}).get("batchProfile", {})
+    if prof and not prof.get("min", 1) <= prof.get("opt", 1) <= prof.get("max", 1):
+        errors.append("optimization.batchProfile must satisfy min <= opt <= max")
+    auto = spec.get("autoscaling", {})
+    if auto.get("enabled") and auto.get("minReplicas", 1) > auto.get("maxReplicas", 1):
+        errors.append("autoscaling.minReplicas must not exceed maxReplicas")
+    return errors
+
+
+def target_spec_arg(target: Mapping[str, Any]) -> str:
+    """The --target argument of `kubetrt build` (format documented in operators/README.md)."""
+    where = f"gpu-product={target['gpuProduct']}" if target.get("gpuProduct") else "cpu"
+    prof = target.get("batchProfile", {})
+    return (f"name={target['name']},backend={target['backend']},{where},precision={target['precision']},"
+            f"batch={prof.get('min', 1)}:{prof.get('opt', 1)}:{prof.get('max', 1)},"
+            f"max-batch={target.get('maxBatchSize', prof.get('max', 1))}")
+
+
+def mount_uri(uri: str, mount_path: str, volume: str, read_only: bool) -> tuple[str, list[Obj], list[Obj]]:
+    """pvc://<claim>/<path> becomes a mounted volume and a local path; other URIs pass through."""
+    if not uri.startswith("pvc://"):
+        return uri, [], []
+    claim, _, sub = uri[len("pvc://"):].partition("/")
+    path = f"{mount_path}/{sub}".rstrip("/") if sub else mount_path
+    return (path,
+            [{"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}],
+            [{"name": volume, "mountPath": mount_path, "readOnly": read_only}])
+
+
+def _pod_security() -> Obj:
+    return {"runAsNonRoot": True, "runAsUser": 65532, "runAsGroup": 65532, "fsGroup": 65532,
+            "seccompProfile": {"type": "RuntimeDefault"}}
+
+
+def _container_security() -> Obj:
+    return {"allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True, "privileged": False,
+            "runAsNonRoot": True, "capabilities": {"drop": ["ALL"]}}
+
+
+def _pinning(target: Mapping[str, Any]) -> Obj:
+    """Node selector, tolerations and GPU limit that pin a pod to the target's GPU product."""
+    if target.get("cpu"):
+        return {"nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": [], "gpu_limit": {}}
+    return {
+        "nodeSelector": {"kubernetes.io/os": "linux", GPU_PRODUCT_LABEL: target["gpuProduct"]},
+        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "gpu_limit": {GPU_RESOURCE: str(target.get("gpus", 1))},
+    }
+
+
+def _secret_env(secret: str | None) -> list[Obj]:
+    return [{"secretRef": {"name": secret}}] if secret else []
+
+
+# ----------------------------------------------------------------------------- EngineBuild + Job
+def engine_build(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any],
+                 config: OperatorConfig) -> Obj:
+    """The EngineBuild for one target of the current spec; its name is a hash of engine identity."""
+    md_name = md["metadata"]["name"]
+    model = spec["model"]
+    opt = spec["optimization"]
+    eb_target = {k: target[k] for k in ("name", "gpuProduct", "cpu", "gpus", "backend", "precision") if k in target}
+    eb_target["maxBatchSize"] = opt["maxBatchSize"]
+    eb_target["batchProfile"] = dict(opt["batchProfile"])
+    eb_model = {"name": model["name"], "version": model["version"], "packageURI": model["source"]["uri"],
+                "signature": model["signature"]}
+    if model.get("digest"):
+        eb_model["digest"] = model["digest"]
+    store = dict(spec["store"])
+    identity = {"model": eb_model, "target": {k: v for k, v in eb_target.items() if k != "name"},
+                "store": store["uri"]}
+    image = spec.get("image", {})
+    eb_spec: Obj = {
+        "modelDeployment": {"name": md_name},
+        "model": eb_model,
+        "target": eb_target,
+        "store": store,
+        "image": image.get("builder") or config.builder_image,
+        "pullPolicy": image.get("pullPolicy") or config.pull_policy,
+        "backoffLimit": 2,
+        "activeDeadlineSeconds": 3600,
+    }
+    if spec.get("serviceAccountName"):
+        eb_spec["serviceAccountName"] = spec["serviceAccountName"]
+    return {
+        "apiVersion": crds.API_VERSION,
+        "kind": "EngineBuild",
+        "metadata": {
+            "name": dns_label(md_name, target["name"], stable_hash(identity, 10)),
+            "namespace": md["metadata"]["namespace"],
+            "labels": labels(md_name, "engine-build", target["name"]),
+            "ownerReferences": [owner_reference(md)],
+        },
+        "spec": eb_spec,
+    }
+
+
+def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
+    """The Job that builds, verifies and publishes one engine on a node with the target's GPU.
+
+    The build writes its result as JSON to /dev/termination-log (see operators/README.md);
+    on failure FallbackToLogsOnError makes the log tail the message the operator reports.
+    """
+    spec = eb["spec"]
+    target = spec["target"]
+    name = eb["metadata"]["name"]
+    md_name = spec["modelDeployment"]["name"]
+    pin = _pinning(target)
+    package, vols1, mounts1 = mount_uri(spec["model"]["packageURI"], "/mnt/package", "package", True)
+    store, vols2, mounts2 = mount_uri(spec["store"]["uri"], "/mnt/store", "store", False)
+    pod_labels = {**labels(md_name, "engine-build", target["name"]), LABEL_BUILD: name}
+    container: Obj = {
+        "name": "build",
+        "image": spec["image"],
+        "imagePullPolicy": spec.get("pullPolicy", config.pull_policy),
+        "command": ["kubetrt", "build", "--package", package, "--target", target_spec_arg(target),
+                    "--store", store],
+        "env": [{"name": "KUBETRT_ENGINE_BUILD", "value": name},
+                {"name": "HOME", "value": "/tmp"}],
+        "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
+        "resources": {"limits": dict(pin["gpu_limit"])} if pin["gpu_limit"] else {},
+        "securityContext": _container_security(),
+        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePolicy": "FallbackToLogsOnError",
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts1, *mounts2],
+    }
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "nodeSelector": pin["nodeSelector"],
+        "tolerations": pin["tolerations"],
+        "securityContext": _pod_security(),
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, *vols1, *vols2],
+    }
+    if spec.get("serviceAccountName"):
+        pod_spec["serviceAccountName"] = spec["serviceAccountName"]
+    return {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": name, "namespace": eb["metadata"]["namespace"], "labels": dict(pod_labels),
+                     "ownerReferences": [owner_reference(eb)]},
+        "spec": {
+            "backoffLimit": spec.get("backoffLimit", 2),
+            "activeDeadlineSeconds": spec.get("activeDeadlineSeconds", 3600),
+            "ttlSecondsAfterFinished": config.job_ttl_seconds,
+            "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},
+        },
+    }
+
+
+# ----------------------------------------------------------------------------- serving objects
+def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any],
+                       engine: Mapping[str, Any], config: OperatorConfig) -> Obj:
+    """Serving Deployment for one target; engine-bound settings come from the verified ``engine``."""
+    md_name = md["metadata"]["name"]
+    eb_spec = engine["spec"]
+    eb_target = eb_spec["target"]
+    engine_key = engine["status"]["engineKey"]
+    pin = _pinning(eb_target)
+    pkg, vols1, mounts1 = mount_uri(eb_spec["model"]["packageURI"], "/mnt/package", "package", True)
+    store, vols2, mounts2 = mount_uri(eb_spec["store"]["uri"], "/mnt/store", "store", True)
+    batching = spec["batching"]
+    image = spec.get("image", {})
+    resources = copy.deepcopy(target.get("resources") or {})
+    resources.setdefault("requests", {}).setdefault("cpu", "500m")
+    resources["requests"].setdefault("memory", "1Gi")
+    if pin["gpu_limit"]:
+        resources.setdefault("limits", {}).update(pin["gpu_limit"])
+    env = [
+        {"name": "KUBETRT_MODEL_NAME", "value": spec["model"]["name"]},
+        {"name": "KUBETRT_MODEL_VERSION", "value": str(spec["model"]["version"])},
+        {"name": "KUBETRT_ENGINE_KEY", "value": engine_key},
+        {"name": "KUBETRT_ENGINE_STORE", "value": store},
+        {"name": "KUBETRT_TARGET", "value": target["name"]},
+        {"name": "KUBETRT_PRECISION", "value": eb_target["precision"]},
+        {"name": "KUBETRT_MAX_BATCH_SIZE", "value": str(batching["maxBatchSize"])},
+        {"name": "KUBETRT_MAX_QUEUE_DELAY_US", "value": str(batching["maxQueueDelayMicroseconds"])},
+        {"name": "KUBETRT_PREFERRED_BATCH_SIZES",
+         "value": ",".join(str(b) for b in batching.get("preferredBatchSizes", []))},
+        {"name": "HOME", "value": "/tmp"},
+    ]
+    pod_labels = labels(md_name, "serving", target["name"])
+    probe = {"port": "http", "scheme": "HTTP"}
+    container: Obj = {
+        "name": "serving",
+        "image": image.get("serving") or config.serving_image,
+        "imagePullPolicy": image.get("pullPolicy") or config.pull_policy,
+        "command": ["kubetrt", "serve", pkg, "--host", "0.0.0.0", "--port", str(SERVING_PORT),
+                    "--device", eb_target["backend"]],
+        "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
+        "env": env,
+        "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
+        "resources": resources,
+        "readinessProbe": {"httpGet": {"path": "/v2/health/ready", **probe}, "periodSeconds": 5,
+                           "failureThreshold": 3},
+        "livenessProbe": {"httpGet": {"path": "/v2/health/live", **probe}, "periodSeconds": 10,
+                          "failureThreshold": 3},
+        # Loading/deserializing an engine can take minutes: liveness starts after this succeeds.
+        "startupProbe": {"httpGet": {"path": "/v2/health/live", **probe}, "periodSeconds": 5,
+                         "failureThreshold": 120},
+        "securityContext": _container_security(),
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": "/var/cache/kubetrt"},
+                         *mounts1, *mounts2],
+    }
+    pod_spec: Obj = {
+        "nodeSelector": pin["nodeSelector"],
+        "tolerations": pin["tolerations"],
+        "securityContext": _pod_security(),
+        "automountServiceAccountToken": False,
+        "containers": [container],
+        "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {"sizeLimit": "20Gi"}},
+                    *vols1, *vols2],
+    }
+    if spec.get("serviceAccountName"):
+        pod_spec["serviceAccountName"] = spec["serviceAccountName"]
+        pod_spec["automountServiceAccountToken"] = True
+    dep_spec: Obj = {
+        "selector": {"matchLabels": {LABEL_MD: pod_labels[LABEL_MD], LABEL_TARGET: target["name"]}},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(spec["rollout"])},
+        "template": {
+            "metadata": {
+                "labels": pod_labels,
+                "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(SERVING_PORT),
+                                "prometheus.io/path": "/metrics", ANN_ENGINE_KEY: engine_key},
+            },
+            "spec": pod_spec,
+        },
+    }
+    if not spec["autoscaling"]["enabled"]:
+        dep_spec["replicas"] = int(target.get("replicas", 1))
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": deployment_name(md_name, target["name"]),
+            "namespace": md["metadata"]["namespace"],
+            "labels": dict(pod_labels),
+            "annotations": {ANN_ENGINE_KEY: engine_key, ANN_ENGINE_BUILD: engine["metadata"]["name"]},
+            "ownerReferences": [owner_reference(md)],
+        },
+        "spec": dep_spec,
+    }
+
+
+def service(md: Mapping[str, Any]) -> Obj:
+    """One Service for the model, selecting the serving pods of every target."""
+    md_name = md["metadata"]["name"]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": {"name": service_name(md_name), "namespace": md["metadata"]["namespace"],
+                     "labels": labels(md_name, "serving"), "ownerReferences": [owner_reference(md)]},
+        "spec": {
+            "type": "ClusterIP",
+            "selector": {LABEL_MD: md_name[:63], "app.kubernetes.io/component": "serving"},
+            "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http", "protocol": "TCP"}],
+        },
+    }
+
+
+def autoscaler(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any]) -> Obj:
+    """autoscaling/v2 HPA on CPU utilization for one target's Deployment."""
+    md_name = md["metadata"]["name"]
+    auto = spec["autoscaling"]
+    dep = deployment_name(md_name, target["name"])
+    return {
+        "apiVersion": "autoscaling/v2",
+        "kind": "HorizontalPodAutoscaler",
+        "metadata": {"name": dep, "namespace": md["metadata"]["namespace"],
+                     "labels": labels(md_name, "serving", target["name"]),
+                     "ownerReferences": [owner_reference(md)]},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep},
+            "minReplicas": auto["minReplicas"],
+            "maxReplicas": max(auto["maxReplicas"], auto["minReplicas"]),
+            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
+                "type": "Utilization", "averageUtilization": auto["targetCPUUtilizationPercentage"]}}}],
+        },
+    }

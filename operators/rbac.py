@@ -1,0 +1,38 @@
+"""The operator's RBAC rules: exactly the verbs it uses, in one place.
+
+Written into manifests/03-rbac.yaml and helm/kubetrt/files/rbac-rules.yaml by
+``python -m kubetrt.operators.crds --write``; integration tests check every API request the
+running operator makes against these rules.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+# (apiGroup, resource, verbs, why)
+RULES: list[tuple[str, str, list[str], str]] = [
+    ("kubetrt.io", "modeldeployments", ["get", "list", "watch", "patch"],
+     "watched by kopf; read by the reconciler; kopf patches its finalizer and annotations"),
+    ("kubetrt.io", "modeldeployments/status", ["patch"], "status conditions"),
+    ("kubetrt.io", "enginebuilds", ["get", "list", "watch", "create", "delete", "patch"],
+     "one per target and engine identity; superseded ones are deleted"),
+    ("kubetrt.io", "enginebuilds/status", ["patch"], "build phase and engine key"),
+    ("batch", "jobs", ["get", "list", "watch", "create"], "the build Job of an EngineBuild"),
+    ("", "pods", ["list"], "the build pod's termination message carries the build result"),
+    ("apps", "deployments", ["list", "watch", "create", "update", "delete"], "serving Deployments"),
+    ("", "services", ["list", "create", "update", "delete"], "one Service per ModelDeployment"),
+    ("autoscaling", "horizontalpodautoscalers", ["list", "create", "update", "delete"], "optional HPA"),
+    ("", "events", ["create"], "kopf posts warnings as Kubernetes events"),
+    ("apiextensions.k8s.io", "customresourcedefinitions", ["list", "watch"], "kopf's resource discovery"),
+    ("kopf.dev", "clusterkopfpeerings", ["list", "watch", "patch"], "kopf peering: one active replica"),
+]
+
+
+def cluster_role_rules() -> list[dict[str, Any]]:
+    """Rules for the ClusterRole, one per resource (subresources separate), in a stable order."""
+    return [{"apiGroups": [group], "resources": [resource], "verbs": list(verbs)}
+            for group, resource, verbs, _ in RULES]
+
+
+def allows(group: str, resource: str, verb: str) -> bool:
+    """Whether the rules grant ``verb`` on ``group``/``resource`` (resource may be 'x/status')."""
+    return any(g == group and r == resource and verb in verbs for g, r, verbs, _ in RULES)

@@ -1,0 +1,144 @@
+"""Reconcile (pure): from a ModelDeployment / EngineBuild and the observed children to a plan.
+
+A plan says which objects must exist with which content, which must go, and the new status.
+Applying it is the adapter's job (operators/sync.py); applying the plan of an unchanged world is a
+no-op because every applied object carries the hash of its desired content.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from kubetrt.operators import objects, status
+from kubetrt.operators.objects import Obj, OperatorConfig
+
+
+@dataclass
+class Observed:
+    """Children of one ModelDeployment as read from the API, keyed by name."""
+
+    engine_builds: dict[str, Obj] = field(default_factory=dict)
+    deployments: dict[str, Obj] = field(default_factory=dict)
+    services: dict[str, Obj] = field(default_factory=dict)
+    autoscalers: dict[str, Obj] = field(default_factory=dict)
+
+
+@dataclass
+class Plan:
+    """What to change: ``apply`` objects (create or replace if their hash differs), ``create`` objects
+    (create if absent, never update: EngineBuild specs are immutable), ``delete`` (apiVersion, kind,
+    name) and the new ``status``."""
+
+    apply: list[Obj] = field(default_factory=list)
+    create: list[Obj] = field(default_factory=list)
+    delete: list[tuple[str, str, str]] = field(default_factory=list)
+    status: dict[str, Any] = field(default_factory=dict)
+
+
+def _verified(eb: Mapping[str, Any] | None) -> bool:
+    st = (eb or {}).get("status") or {}
+    return st.get("phase") == "Succeeded" and bool(st.get("verified")) and bool(st.get("engineKey"))
+
+
+def needs_apply(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) -> bool:
+    """True when the observed object is absent or was applied from different desired content."""
+    if observed is None:
+        return True
+    want = desired["metadata"]["annotations"][objects.ANN_SPEC_HASH]
+    have = ((observed.get("metadata") or {}).get("annotations") or {}).get(objects.ANN_SPEC_HASH)
+    return want != have
+
+
+def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: OperatorConfig, now: str) -> Plan:
+    """Desired children and status of a ModelDeployment.
+
+    Per target: the EngineBuild for the current spec must exist. The Deployment serves the engine
+    of that build once it verified; until then it keeps serving the engine it already has (the
+    build named in its annotation), so an unverified engine never reaches pods. Builds that are
+    neither current nor serving are deleted; so are children of targets that were removed.
+    """
+    spec = objects.normalized_spec(md)
+    md_name = md["metadata"]["name"]
+    plan = Plan()
+    errors = objects.validate_spec(spec)
+    if errors:
+        plan.status = status.model_deployment_status(md, spec, [], errors, config, now)
+        return plan
+
+    views: list[status.TargetView] = []
+    keep_builds: set[str] = set()
+    keep_deployments: set[str] = set()
+    keep_autoscalers: set[str] = set()
+    for raw_target in spec["targets"]:
+        target = objects.resolve_target(spec, raw_target)
+        eb = objects.engine_build(md, spec, target, config)
+        eb_name = eb["metadata"]["name"]
+        current = observed.engine_builds.get(eb_name)
+        if current is None:
+            plan.create.append(eb)
+        keep_builds.add(eb_name)
+
+        dep_name = objects.deployment_name(md_name, target["name"])
+        dep_observed = observed.deployments.get(dep_name)
+        serving: Mapping[str, Any] | None = None
+        if _verified(current):
+            serving = current
+        elif dep_observed is not None:
+            in_use = ((dep_observed.get("metadata") or {}).get("annotations") or {}).get(objects.ANN_ENGINE_BUILD)
+            if in_use and _verified(observed.engine_builds.get(in_use)):
+                serving = observed.engine_builds[in_use]
+        desired_replicas = (max(spec["autoscaling"]["minReplicas"], 1) if spec["autoscaling"]["enabled"]
+                            else int(target.get("replicas", 1)))
+        dep_current = False
+        if serving is not None:
+            keep_builds.add(serving["metadata"]["name"])
+            dep = objects.with_spec_hash(objects.serving_deployment(md, spec, target, serving, config))
+            keep_deployments.add(dep_name)
+            dep_current = not needs_apply(dep, dep_observed)
+            if not dep_current:
+                plan.apply.append(dep)
+            if spec["autoscaling"]["enabled"]:
+                hpa = objects.with_spec_hash(objects.autoscaler(md, spec, target))
+                keep_autoscalers.add(hpa["metadata"]["name"])
+                if needs_apply(hpa, observed.autoscalers.get(hpa["metadata"]["name"])):
+                    plan.apply.append(hpa)
+        elif dep_observed is not None:
+            keep_deployments.add(dep_name)  # nothing verified to serve yet: leave what runs alone
+        views.append(status.TargetView(target=target, build=current, serving=serving, deployment=dep_observed,
+                                       deployment_current=dep_current, desired_replicas=desired_replicas))
+
+    svc = objects.with_spec_hash(objects.service(md))
+    if needs_apply(svc, observed.services.get(svc["metadata"]["name"])):
+        plan.apply.append(svc)
+
+    plan.delete += [("kubetrt.io/v1alpha1", "EngineBuild", n) for n in sorted(observed.engine_builds)
+                    if n not in keep_builds]
+    plan.delete += [("apps/v1", "Deployment", n) for n in sorted(observed.deployments) if n not in keep_deployments]
+    plan.delete += [("autoscaling/v2", "HorizontalPodAutoscaler", n) for n in sorted(observed.autoscalers)
+                    if n not in keep_autoscalers]
+    plan.delete += [("v1", "Service", n) for n in sorted(observed.services) if n != svc["metadata"]["name"]]
+    plan.status = status.model_deployment_status(md, spec, views, [], config, now)
+    return plan
+
+
+@dataclass
+class BuildPlan:
+    """For one EngineBuild: the Job to create (if absent) and the new status."""
+
+    create_job: Obj | None
+    status: dict[str, Any]
+
+
+def plan_engine_build(eb: Mapping[str, Any], job: Mapping[str, Any] | None, pods: list[Mapping[str, Any]],
+                      config: OperatorConfig) -> BuildPlan:
+    """A build's Job exists until the build is terminal; its status follows the Job."""
+    new_status = status.engine_build_status(eb, job, pods)
+    terminal = new_status.get("phase") in status.TERMINAL_PHASES
+    create = objects.build_job(eb, config) if job is None and not terminal else None
+    return BuildPlan(create_job=create, status=new_status)
+
+
+def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:
+    """Whether writing ``new`` would change anything the operator owns in ``old``."""
+    old = old or {}
+    return any(old.get(k) != v for k, v in new.items())

@@ -1,0 +1,230 @@
+"""Status computation (pure): EngineBuild status from its Job, ModelDeployment status from its parts."""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from kubetrt.operators import objects
+
+TERMINAL_PHASES = ("Succeeded", "Failed")
+MESSAGE_LIMIT = 1024
+
+
+# ----------------------------------------------------------------------------- EngineBuild
+def parse_build_result(message: str | None) -> dict[str, Any] | None:
+    """Parse the JSON the build writes to /dev/termination-log (the whole text, or its last line)."""
+    if not message or not message.strip():
+        return None
+    for candidate in (message.strip(), message.strip().splitlines()[-1]):
+        try:
+            value = json.loads(candidate)
+        except ValueError:
+            continue
+        if isinstance(value, dict):
+            return value
+    return None
+
+
+def termination_message(pods: list[Mapping[str, Any]], container: str = "build") -> str | None:
+    """The newest terminated message of ``container`` among the Job's pods, if any."""
+    found: list[tuple[str, str]] = []
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            if cs.get("name") != container:
+                continue
+            for state in (cs.get("state") or {}, cs.get("lastState") or {}):
+                term = state.get("terminated") or {}
+                if term.get("message"):
+                    found.append((str(term.get("finishedAt") or ""), term["message"]))
+    return max(found)[1] if found else None
+
+
+def _tail(text: str | None) -> str:
+    text = (text or "").strip()
+    return text if len(text) <= MESSAGE_LIMIT else "…" + text[-MESSAGE_LIMIT:]
+
+
+def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
+                        pods: list[Mapping[str, Any]]) -> dict[str, Any]:
+    """Status of an EngineBuild from its Job and the Job's pods; terminal phases are final."""
+    old = dict(eb.get("status") or {})
+    if old.get("phase") in TERMINAL_PHASES:
+        return old
+    base: dict[str, Any] = {"jobName": eb["metadata"]["name"]}
+    if eb["metadata"].get("generation") is not None:
+        base["observedGeneration"] = eb["metadata"]["generation"]
+    if job is None:
+        return {**base, "phase": "Pending", "reason": "JobCreating", "message": "creating the build Job"}
+    js = job.get("status") or {}
+    if js.get("startTime"):
+        base["startTime"] = js["startTime"]
+    true_conditions = {c.get("type"): c for c in js.get("conditions") or [] if c.get("status") == "True"}
+    message = termination_message(pods)
+    if "Complete" in true_conditions or int(js.get("succeeded") or 0) >= 1:
+        done = {**base, "completionTime": js.get("completionTime") or true_conditions.get("Complete", {}).get(
+            "lastTransitionTime", "")}
+        result = parse_build_result(message)
+        if result is None:
+            return {**done, "phase": "Failed", "verified": False, "reason": "NoBuildResult",
+                    "message": "the build Job succeeded but wrote no JSON result to /dev/termination-log"}
+        report = result.get("report") if isinstance(result.get("report"), dict) else {}
+        summary = str(report.get("summary") or result.get("summary") or "")
+        report = {**report, "summary": summary}
+        if not result.get("verified"):
+            return {**done, "phase": "Failed", "verified": False, "reason": "VerificationFailed",
+                    "engineKey": str(result.get("engineKey") or ""), "report": report,
+                    "message": _tail(summary or "the engine did not match the golden outputs")}
+        if not result.get("engineKey"):
+            return {**done, "phase": "Failed", "verified": False, "reason": "NoEngineKey",
+                    "report": report, "message": "the build result names no engineKey"}
+        return {**done, "phase": "Succeeded", "verified": True, "reason": "Verified",
+                "engineKey": str(result["engineKey"]), "report": report,
+                "message": _tail(summary or "engine built and verified")}
+    if "Failed" in true_conditions:
+        cond = true_conditions["Failed"]
+        return {**base, "phase": "Failed", "verified": False, "reason": cond.get("reason") or "JobFailed",
+                "completionTime": cond.get("lastTransitionTime", ""),
+                "message": _tail(message or cond.get("message") or "the build Job failed")}
+    if int(js.get("active") or 0) > 0:
+        return {**base, "phase": "Running", "reason": "JobRunning", "message": "building and verifying the engine"}
+    return {**base, "phase": "Pending", "reason": "JobPending", "message": "waiting for a node with the target GPU"}
+
+
+# ----------------------------------------------------------------------------- ModelDeployment
+@dataclass
+class TargetView:
+    """What the reconcile decided and observed for one target."""
+
+    target: dict[str, Any]
+    build: Mapping[str, Any] | None  # EngineBuild of the current spec (observed), if it exists
+    serving: Mapping[str, Any] | None  # verified EngineBuild whose engine the pods serve
+    deployment: Mapping[str, Any] | None  # observed Deployment
+    deployment_current: bool  # observed Deployment already equals the desired one
+    desired_replicas: int
+
+
+def _phase(eb: Mapping[str, Any] | None) -> str:
+    return str(((eb or {}).get("status") or {}).get("phase") or "Pending")
+
+
+def _rollout_done(view: TargetView) -> bool:
+    dep = view.deployment
+    if dep is None or not view.deployment_current:
+        return False
+    st = dep.get("status") or {}
+    gen = (dep.get("metadata") or {}).get("generation")
+    if gen is not None and st.get("observedGeneration") is not None and st["observedGeneration"] < gen:
+        return False
+    want = view.desired_replicas
+    return int(st.get("updatedReplicas") or 0) >= want and int(st.get("readyReplicas") or 0) >= want
+
+
+def target_status(view: TargetView) -> dict[str, Any]:
+    t = view.target
+    st = (view.deployment or {}).get("status") or {}
+    out: dict[str, Any] = {
+        "name": t["name"],
+        "gpuProduct": t.get("gpuProduct", ""),
+        "engineKey": str(((view.serving or {}).get("status") or {}).get("engineKey") or ""),
+        "engineBuild": (view.build or {}).get("metadata", {}).get("name", ""),
+        "buildPhase": _phase(view.build),
+        "replicas": view.desired_replicas,
+        "readyReplicas": int(st.get("readyReplicas") or 0),
+    }
+    bst = (view.build or {}).get("status") or {}
+    if out["buildPhase"] == "Failed":
+        out["message"] = f"engine build failed: {bst.get('reason', 'Failed')}: {bst.get('message', '')}".strip()
+    elif view.serving is None:
+        out["message"] = f"waiting for a verified engine (build {out['buildPhase']})"
+    elif not _rollout_done(view):
+        out["message"] = "rolling out"
+    else:
+        out["message"] = ""
+    return out
+
+
+def _cond(ctype: str, ok: bool, reason: str, message: str) -> dict[str, Any]:
+    return {"type": ctype, "status": "True" if ok else "False", "reason": reason, "message": message}
+
+
+def conditions(views: list[TargetView], errors: list[str]) -> list[dict[str, Any]]:
+    """Ready, Progressing, Degraded and EnginesReady for the targets (see operators/README.md)."""
+    if errors:
+        msg = "; ".join(errors)
+        return [_cond("Ready", False, "InvalidSpec", msg), _cond("Progressing", False, "InvalidSpec", msg),
+                _cond("Degraded", True, "InvalidSpec", msg), _cond("EnginesReady", False, "InvalidSpec", msg)]
+    failed = [v for v in views if _phase(v.build) == "Failed"]
+    building = [v for v in views if _phase(v.build) in ("Pending", "Running")]
+    verified = [v for v in views if _phase(v.build) == "Succeeded"]
+    rolling = [v for v in views if v.serving is not None and not _rollout_done(v)]
+    names = lambda vs: ", ".join(v.target["name"] for v in vs)  # noqa: E731
+
+    if len(verified) == len(views):
+        engines = _cond("EnginesReady", True, "AllEnginesVerified", f"{len(views)} engine(s) verified")
+    elif failed:
+        engines = _cond("EnginesReady", False, "EngineBuildFailed", f"build failed for: {names(failed)}")
+    else:
+        engines = _cond("EnginesReady", False, "EnginesBuilding", f"building engines for: {names(building)}")
+
+    if failed:
+        reasons = {str((v.build or {}).get("status", {}).get("reason") or "EngineBuildFailed") for v in failed}
+        reason = reasons.pop() if len(reasons) == 1 else "EngineBuildFailed"
+        detail = "; ".join(f"target {v.target['name']}: {(v.build or {}).get('status', {}).get('reason', '')}: "
+                           f"{(v.build or {}).get('status', {}).get('message', '')}" for v in failed)
+        degraded = _cond("Degraded", True, reason, _tail(detail))
+    else:
+        degraded = _cond("Degraded", False, "AsExpected", "")
+
+    if building:
+        progressing = _cond("Progressing", True, "EnginesBuilding", f"building engines for: {names(building)}")
+    elif rolling:
+        progressing = _cond("Progressing", True, "RollingOut", f"rolling out: {names(rolling)}")
+    else:
+        progressing = _cond("Progressing", False, "Stable", "")
+
+    serving = [v for v in views if int(((v.deployment or {}).get("status") or {}).get("readyReplicas") or 0) > 0]
+    pending = [v for v in views if v not in failed and not _rollout_done(v)]
+    if serving and not pending:
+        ready = _cond("Ready", True, "Serving", f"{len(serving)}/{len(views)} target(s) serving")
+    elif serving:
+        ready = _cond("Ready", False, "TargetsNotReady", f"not ready yet: {names(pending)}")
+    else:
+        ready = _cond("Ready", False, "NoReadyReplicas", "no target has ready replicas yet")
+    return [ready, progressing, degraded, engines]
+
+
+def merge_conditions(old: list[Mapping[str, Any]], new: list[dict[str, Any]], now: str,
+                     generation: int | None) -> list[dict[str, Any]]:
+    """Keep lastTransitionTime of conditions whose status did not change (so re-runs write nothing)."""
+    previous = {c.get("type"): c for c in old or []}
+    out = []
+    for cond in new:
+        prev = previous.get(cond["type"])
+        stamp = prev.get("lastTransitionTime") if prev and prev.get("status") == cond["status"] else None
+        merged = {**cond, "lastTransitionTime": stamp or now}
+        if generation is not None:
+            merged["observedGeneration"] = generation
+        out.append(merged)
+    return out
+
+
+def model_deployment_status(md: Mapping[str, Any], spec: Mapping[str, Any], views: list[TargetView],
+                            errors: list[str], config: objects.OperatorConfig, now: str) -> dict[str, Any]:
+    """The full status of a ModelDeployment."""
+    meta = md["metadata"]
+    gen = meta.get("generation")
+    old = md.get("status") or {}
+    svc = objects.service_name(meta["name"])
+    endpoint = f"http://{svc}.{meta['namespace']}.svc.{config.cluster_domain}:{objects.SERVING_PORT}"
+    model = spec.get("model") or {}
+    status: dict[str, Any] = {
+        "conditions": merge_conditions(old.get("conditions") or [], conditions(views, errors), now, gen),
+        "targets": [target_status(v) for v in views],
+        "endpoint": endpoint,
+        "modelURL": f"{endpoint}/v2/models/{model.get('name', '')}/versions/{model.get('version', '1')}",
+        "readyTargets": f"{sum(1 for v in views if _rollout_done(v))}/{len(views)}",
+    }
+    if gen is not None:
+        status["observedGeneration"] = gen
+    return status

@@ -1,0 +1,117 @@
+"""Read observed state, plan (reconcile.py), apply the plan through the adapter (kube.py).
+
+Each function reconciles one object completely and can be called from any trigger (its own
+event, a child's event, a resync timer); a per-object lock keeps concurrent triggers in order.
+"""
+from __future__ import annotations
+
+import datetime
+import logging
+import threading
+from collections import defaultdict
+from typing import Any, Mapping
+
+import kubernetes
+
+from kubetrt.operators import objects, reconcile
+from kubetrt.operators.kube import KubeClient
+from kubetrt.operators.objects import OperatorConfig
+
+log = logging.getLogger("kubetrt.operators.sync")
+MD = ("kubetrt.io/v1alpha1", "ModelDeployment")
+EB = ("kubetrt.io/v1alpha1", "EngineBuild")
+
+_locks: defaultdict[tuple[str, str, str], threading.Lock] = defaultdict(threading.Lock)
+_locks_guard = threading.Lock()
+
+
+def _lock(kind: str, namespace: str, name: str) -> threading.Lock:
+    with _locks_guard:
+        return _locks[(kind, namespace, name)]
+
+
+def now_iso() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).replace(microsecond=0).isoformat().replace("+00:00", "Z")
+
+
+def observe(kube: KubeClient, namespace: str, md_name: str) -> reconcile.Observed:
+    """Children of a ModelDeployment, found by its label (and owned by it)."""
+    sel = {objects.LABEL_MD: md_name[:63], "app.kubernetes.io/managed-by": objects.MANAGED_BY}
+
+    def by_name(api: str, kind: str) -> dict[str, Any]:
+        return {o["metadata"]["name"]: o for o in kube.list(api, kind, namespace, sel)}
+    return reconcile.Observed(
+        engine_builds=by_name(*EB),
+        deployments=by_name("apps/v1", "Deployment"),
+        services=by_name("v1", "Service"),
+        autoscalers=by_name("autoscaling/v2", "HorizontalPodAutoscaler"),
+    )
+
+
+def _create(kube: KubeClient, obj: Mapping[str, Any]) -> None:
+    try:
+        kube.create(obj)
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 409:  # created concurrently: the next reconcile compares it
+            raise
+
+
+def apply_plan(kube: KubeClient, namespace: str, plan: reconcile.Plan, observed: reconcile.Observed) -> None:
+    """Create/replace/delete as planned. Replacing keeps server-owned fields (clusterIP, HPA replicas)."""
+    index = {("Deployment", k): v for k, v in observed.deployments.items()}
+    index.update({("Service", k): v for k, v in observed.services.items()})
+    index.update({("HorizontalPodAutoscaler", k): v for k, v in observed.autoscalers.items()})
+    for obj in plan.create:
+        _create(kube, obj)
+    for obj in plan.apply:
+        current = index.get((obj["kind"], obj["metadata"]["name"]))
+        if current is None:
+            _create(kube, obj)
+            continue
+        if obj["kind"] == "Service":
+            for key in ("clusterIP", "clusterIPs"):
+                if key in (current.get("spec") or {}):
+                    obj["spec"][key] = current["spec"][key]
+        if obj["kind"] == "Deployment" and "replicas" not in obj["spec"] and "replicas" in (current.get("spec") or {}):
+            obj["spec"]["replicas"] = current["spec"]["replicas"]  # owned by the HPA
+        kube.replace(obj, current)
+    for api_version, kind, name in plan.delete:
+        kube.delete(api_version, kind, namespace, name)
+
+
+def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: str, name: str) -> dict[str, Any] | None:
+    """Reconcile one ModelDeployment; returns the status written (None if it is gone)."""
+    with _lock("md", namespace, name):
+        md = kube.get(*MD, namespace, name)
+        if md is None or (md.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        md.setdefault("apiVersion", MD[0])
+        md.setdefault("kind", MD[1])
+        observed = observe(kube, namespace, name)
+        plan = reconcile.plan_model_deployment(md, observed, config, now_iso())
+        apply_plan(kube, namespace, plan, observed)
+        if reconcile.status_changed(md.get("status"), plan.status):
+            kube.patch_status(*MD, namespace, name, plan.status)
+        return plan.status
+
+
+def sync_engine_build(kube: KubeClient, config: OperatorConfig, namespace: str, name: str) -> dict[str, Any] | None:
+    """Reconcile one EngineBuild: ensure its Job, follow the Job into the status."""
+    with _lock("eb", namespace, name):
+        eb = kube.get(*EB, namespace, name)
+        if eb is None or (eb.get("metadata") or {}).get("deletionTimestamp"):
+            return None
+        eb.setdefault("apiVersion", EB[0])
+        eb.setdefault("kind", EB[1])
+        job = kube.get("batch/v1", "Job", namespace, name)
+        pods: list[dict[str, Any]] = []
+        if job is not None and (job.get("status") or {}).get("conditions"):
+            pods = kube.list("v1", "Pod", namespace, {objects.LABEL_BUILD: name})
+        plan = reconcile.plan_engine_build(eb, job, pods, config)
+        if plan.create_job is not None:
+            _create(kube, plan.create_job)
+        if reconcile.status_changed(eb.get("status"), plan.status):
+            kube.patch_status(*EB, namespace, name, plan.status)
+            log.info("enginebuild %s/%s phase=%s reason=%s", namespace, name, plan.status.get("phase"),
+                     plan.status.get("reason"))
+        return plan.status

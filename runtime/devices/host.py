@@ -1,0 +1,67 @@
+"""The host device runtime: NumPy kernels, sequential plan or dataflow executor."""
+from __future__ import annotations
+
+import copy
+import os
+import platform
+import time
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..executor import DataflowExecutor, SequentialPlan
+from ..graph import Graph
+from ..kernels.parallel import single_threaded_blas
+from ..program import compile_graph
+from ..target import Target
+from . import NodeIdentity
+
+_POOL: ThreadPoolExecutor | None = None
+
+
+def shared_pool() -> ThreadPoolExecutor:
+    """One pool per process: kernels and BLAS already use the cores; more pools only thrash."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="kubetrt")
+    return _POOL
+
+
+class HostRuntime:
+    name = "host"
+
+    def check_available(self) -> None:
+        return None
+
+    def identity(self) -> NodeIdentity:
+        return NodeIdentity("cpu", None, f"numpy{np.__version__}-{platform.machine()}")
+
+    def prepare(self, graph: Graph, options: dict[str, Any]) -> SequentialPlan | DataflowExecutor:
+        single_threaded_blas()
+        executor = options.get("executor", "sequential")
+        if executor == "dataflow":
+            return DataflowExecutor(compile_graph(graph, "host", concurrent=True), shared_pool())
+        if executor != "sequential":
+            raise ValueError(f"host executor {executor!r}: expected sequential or dataflow")
+        return SequentialPlan(compile_graph(graph, "host"))
+
+    def tune(self, graph: Graph, target: Target, golden: dict[int, Any]) -> dict[str, Any]:
+        """Pick the faster executor for this model on this node, timed on the golden inputs."""
+        batch = max(golden) if golden else None
+        if batch is None:
+            return {"executor": "sequential"}
+        feeds = [golden[batch][0][i.name] for i in graph.inputs]
+        timings = {}
+        for executor in ("sequential", "dataflow"):
+            exe = self.prepare(copy.deepcopy(graph), {"executor": executor})
+            exe.run(feeds)
+            t0 = time.perf_counter()
+            for _ in range(3):
+                exe.run(feeds)
+            timings[executor] = (time.perf_counter() - t0) / 3
+        best = min(timings, key=timings.__getitem__)
+        return {"executor": best, "timings_s": timings, "tuned_batch": batch}
+
+
+RUNTIME = HostRuntime()

@@ -1,0 +1,51 @@
+"""Graph IR: the ONNX graph in plain Python objects, the input of every compiler pass."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+
+@dataclass
+class Node:
+    op: str
+    name: str
+    inputs: list[str]  # "" marks an omitted optional input
+    outputs: list[str]
+    attrs: dict[str, Any] = field(default_factory=dict)
+    domain: str = ""
+
+    def __repr__(self) -> str:
+        return f"{self.op}({self.name})"
+
+
+@dataclass
+class ValueInfo:
+    name: str
+    dtype: np.dtype | None = None
+    shape: tuple[int, ...] | None = None  # -1 for dynamic dims; None when unknown
+
+
+@dataclass
+class Graph:
+    nodes: list[Node]
+    inputs: list[ValueInfo]
+    outputs: list[ValueInfo]
+    constants: dict[str, np.ndarray]
+    values: dict[str, ValueInfo] = field(default_factory=dict)  # inferred shapes/dtypes
+    opset: int = 17
+
+    def producers(self) -> dict[str, Node]:
+        return {o: n for n in self.nodes for o in n.outputs if o}
+
+    def consumers(self) -> dict[str, list[Node]]:
+        users: dict[str, list[Node]] = {}
+        for n in self.nodes:
+            for i in n.inputs:
+                if i:
+                    users.setdefault(i, []).append(n)
+        return users
+
+    def output_names(self) -> set[str]:
+        return {o.name for o in self.outputs}

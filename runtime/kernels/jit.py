@@ -1,0 +1,80 @@
+"""Numba kernels for what NumPy cannot do in one pass: depthwise convolution with its epilogue.
+
+A NumPy depthwise 3x3 is nine multiply-adds over the whole output (18 memory passes); this is one
+pass, parallel over (batch, channel) planes. Measured on MobileNetV2 it is what makes the host
+runtime faster than TensorFlow there (bench/runtime.py). Import-guarded: without numba the NumPy
+path is used.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+
+try:  # pragma: no cover - exercised implicitly wherever numba is installed
+    import numba
+
+    AVAILABLE = os.environ.get("KUBETRT_DISABLE_JIT", "") in ("", "0")
+except ImportError:  # pragma: no cover
+    numba = None
+    AVAILABLE = False
+
+ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
+THREADS = int(os.environ.get("KUBETRT_JIT_THREADS", os.cpu_count() or 1))
+MIN_WORK_PER_THREAD = 32 * 1024  # output elements; below this a thread hop costs more than it saves
+
+if numba is not None:
+
+    # Not numba-parallel: its worker threads spin after each region and starve the BLAS threads
+    # of the next GEMM. nogil lets our own pool split the planes instead (see depthwise_conv).
+    @numba.njit(cache=True, nogil=True)
+    def _depthwise(xp, w, bias, out, sh, sw, dh, dw, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
+        n, c, oh, ow = out.shape
+        kh, kw = w.shape[2], w.shape[3]
+        for nc in range(start, stop):
+            o = out[nc // c, nc % c]
+            x = xp[nc // c, nc % c]
+            ch = nc % c
+            for i in range(oh):
+                orow = o[i]
+                for j in range(ow):
+                    orow[j] = bias[ch]
+                for a in range(kh):
+                    row = x[i * sh + a * dh]
+                    for e in range(kw):
+                        wv = w[ch, 0, a, e]
+                        off = e * dw
+                        if sw == 1:  # unit stride: a contiguous, vectorizable row update
+                            for j in range(ow):
+                                orow[j] += row[j + off] * wv
+                        else:
+                            for j in range(ow):
+                                orow[j] += row[j * sw + off] * wv
+                if act == 1:
+                    for j in range(ow):
+                        orow[j] = max(orow[j], 0.0)
+                elif act == 2:
+                    for j in range(ow):
+                        orow[j] = min(max(orow[j], lo), hi)
+
+
+def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], oh: int, ow: int, act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+    """Depthwise (multiplier 1) convolution of a padded NCHW float32 tensor, bias and activation fused."""
+    n, c = xp.shape[:2]
+    out = np.empty((n, c, oh, ow), dtype=xp.dtype)
+    b = np.zeros(c, dtype=xp.dtype) if bias is None else np.ascontiguousarray(bias, dtype=xp.dtype)
+    args = (np.ascontiguousarray(xp), np.ascontiguousarray(w, dtype=xp.dtype), b, out, strides[0], strides[1],
+            dil[0], dil[1], act, xp.dtype.type(lo), xp.dtype.type(hi))
+    planes = n * c
+    parts = min(THREADS, max(1, out.size // MIN_WORK_PER_THREAD))
+    if parts <= 1:
+        _depthwise(*args, 0, planes)
+        return out
+    from ..devices.host import shared_pool
+
+    bounds = [planes * i // parts for i in range(parts + 1)]
+    futures = [shared_pool().submit(_depthwise, *args, lo_, hi_) for lo_, hi_ in zip(bounds[1:-1], bounds[2:])]
+    _depthwise(*args, bounds[0], bounds[1])
+    for f in futures:
+        f.result()
+    return out

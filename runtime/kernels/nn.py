@@ -1,0 +1,360 @@
+"""Host NN kernels: convolution, pooling, matrix products, with fused epilogues.
+
+Convolutions run as one BLAS GEMM over an im2col view (1x1 stride-1 convolutions need no im2col at
+all); depthwise convolutions are a sum of shifted, per-channel-scaled views. The epilogue (bias,
+residual add, activation) is applied in place on the GEMM output while it is still in cache.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import jit, parallel
+from .elementwise import unary_fn
+from .registry import KernelSpec, Run, register
+
+
+# ---------------------------------------------------------------- epilogues
+
+def make_epilogue(attrs: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray] | None:
+    """In-place activation from a fused node's `activation` attr: ("Relu", {}) etc."""
+    act = attrs.get("activation")
+    if not act:
+        return None
+    f = unary_fn(act[0], act[1])
+    return lambda y: f(y, y)
+
+
+# ---------------------------------------------------------------- conv geometry
+
+def conv_geometry(spec: KernelSpec, in_hw: tuple[int, ...], kernel: tuple[int, ...]) -> tuple[list[int], list[int], list[int], list[int]]:
+    """(strides, dilations, pads_begin, pads_end) with auto_pad resolved for these spatial dims."""
+    nd = len(kernel)
+    strides = list(spec.attr("strides") or [1] * nd)
+    dil = list(spec.attr("dilations") or [1] * nd)
+    auto = spec.attr("auto_pad", "NOTSET")
+    if auto in ("SAME_UPPER", "SAME_LOWER"):
+        begin, end = [], []
+        for i in range(nd):
+            out = -(-in_hw[i] // strides[i])
+            total = max(0, (out - 1) * strides[i] + (kernel[i] - 1) * dil[i] + 1 - in_hw[i])
+            small, big = total // 2, total - total // 2
+            begin.append(small if auto == "SAME_UPPER" else big)
+            end.append(big if auto == "SAME_UPPER" else small)
+        return strides, dil, begin, end
+    pads = list(spec.attr("pads") or [0] * (2 * nd))
+    if auto == "VALID":
+        pads = [0] * (2 * nd)
+    return strides, dil, pads[:nd], pads[nd:]
+
+
+def out_size(n: int, k: int, s: int, d: int, b: int, e: int, ceil: bool = False) -> int:
+    span = n + b + e - ((k - 1) * d + 1)
+    return (-(-span // s) if ceil else span // s) + 1
+
+
+def pad_spatial(x: np.ndarray, begin: list[int], end: list[int], value: float = 0.0) -> np.ndarray:
+    if not any(begin) and not any(end):
+        return x
+    n, c = x.shape[:2]
+    hw = x.shape[2:]
+    out = np.full((n, c) + tuple(h + b + e for h, b, e in zip(hw, begin, end)), value, dtype=x.dtype)
+    out[(slice(None), slice(None)) + tuple(slice(b, b + h) for b, h in zip(begin, hw))] = x
+    return out
+
+
+def windows(xp: np.ndarray, kernel: tuple[int, int], strides: list[int], dil: list[int], oh: int, ow: int) -> np.ndarray:
+    """View (N, C, kh, kw, OH, OW) of a padded NCHW tensor: im2col without a copy."""
+    n, c, _, _ = xp.shape
+    sn, sc, sh, sw = xp.strides
+    return as_strided(
+        xp,
+        shape=(n, c, kernel[0], kernel[1], oh, ow),
+        strides=(sn, sc, sh * dil[0], sw * dil[1], sh * strides[0], sw * strides[1]),
+        writeable=False,
+    )
+
+
+def _conv_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    xs, ws = spec.shapes[0], spec.shapes[1]
+    if xs is None or ws is None or len(xs) != 4 or -1 in xs[2:]:
+        return [((xs[0], ws[0], -1, -1) if xs and ws else None, spec.dtypes[0])]
+    k = tuple(ws[2:])
+    strides, dil, b, e = conv_geometry(spec, tuple(xs[2:]), k)
+    oh = out_size(xs[2], k[0], strides[0], dil[0], b[0], e[0])
+    ow = out_size(xs[3], k[1], strides[1], dil[1], b[1], e[1])
+    return [((xs[0], ws[0], oh, ow), spec.dtypes[0])]
+
+
+@register(["Conv", "FusedConv"], _conv_shape)
+def conv(spec: KernelSpec) -> Run:
+    """NCHW 2-D convolution. FusedConv(x, w, b, [residual]) adds the residual, then the activation."""
+    w_const = spec.const(1)
+    group = spec.attr("group", 1)
+    epilogue = make_epilogue(spec.attrs)
+    has_bias = spec.has(2)
+    has_residual = spec.has(3)
+    residual_inplace = 3 in spec.inplace
+    jit_act = _jit_activation(spec.attrs.get("activation"))
+    # Depthwise float32 convolutions without a residual run as one fused JIT pass.
+    jit_depthwise = (
+        jit.AVAILABLE and w_const is not None and group > 1 and w_const.shape[0] == group and w_const.shape[1] == 1
+        and w_const.dtype == np.float32 and not has_residual and jit_act is not None
+    )
+
+    def finish(y: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None) -> np.ndarray:
+        if bias is not None:
+            y += bias.reshape((1, -1) + (1,) * (y.ndim - 2))
+        if residual is not None:
+            y += residual
+        if epilogue is not None:
+            epilogue(y)
+        return y
+
+    def core(x: np.ndarray, w: np.ndarray, w2: np.ndarray | None) -> np.ndarray:
+        if x.ndim != 4:
+            raise ValueError(f"Conv {spec.name}: expected a 4-D NCHW input, got shape {x.shape}")
+        o, cg, kh, kw = w.shape
+        n, c, h, wd = x.shape
+        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
+        oh = out_size(h, kh, strides[0], dil[0], b[0], e[0])
+        ow = out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+        if c != cg * group:
+            raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
+        pointwise = kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e)
+        if group == 1 and pointwise:
+            return parallel.matmul(w2 if w2 is not None else w.reshape(o, cg), x.reshape(n, c, h * wd)).reshape(n, o, oh, ow)
+        xp = pad_spatial(x, b, e)
+        if group == c and o == c:  # depthwise, multiplier 1
+            return depthwise(xp, w, strides, dil, oh, ow)
+        win = windows(xp, (kh, kw), strides, dil, oh, ow)
+        if group == 1:
+            cols = win.reshape(n, c * kh * kw, oh * ow)
+            return parallel.matmul(w2 if w2 is not None else w.reshape(o, -1), cols).reshape(n, o, oh, ow)
+        og = o // group
+        out = np.empty((n, o, oh * ow), dtype=x.dtype)
+        for g in range(group):
+            cols = win[:, g * cg : (g + 1) * cg].reshape(n, cg * kh * kw, oh * ow)
+            np.matmul(w[g * og : (g + 1) * og].reshape(og, -1), cols, out=out[:, g * og : (g + 1) * og])
+        return out.reshape(n, o, oh, ow)
+
+    w2_const = None if w_const is None else np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1))
+
+    def run_jit_depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        n, c, h, wd = x.shape
+        kh, kw = w.shape[2:]
+        if c != group or x.dtype != np.float32:
+            return run(x, w, bias, residual)
+        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
+        oh = out_size(h, kh, strides[0], dil[0], b[0], e[0])
+        ow = out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+        kind, lo, hi = jit_act  # type: ignore[misc]
+        return (jit.depthwise_conv(pad_spatial(x, b, e), w, bias if has_bias else None, strides, dil, oh, ow, kind, lo, hi),)
+
+    def run(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        y = core(x, w, w2_const if w_const is not None else None)
+        if residual is not None and residual_inplace and residual.flags.writeable and residual.shape == y.shape:
+            residual += y  # reuse the dying residual buffer, addition commutes
+            y, residual = residual, None
+        return (finish(y, bias if has_bias else None, residual if has_residual else None),)
+
+    return run_jit_depthwise if jit_depthwise else run
+
+
+def _jit_activation(act: tuple[str, dict[str, Any]] | None) -> tuple[int, float, float] | None:
+    """The JIT kernels fuse none/Relu/Clip; other activations keep the NumPy path."""
+    if not act:
+        return (jit.ACT_NONE, 0.0, 0.0)
+    if act[0] == "Relu":
+        return (jit.ACT_RELU, 0.0, 0.0)
+    if act[0] == "Clip":
+        return (jit.ACT_CLIP, float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf)))
+    return None
+
+
+def depthwise(xp: np.ndarray, w: np.ndarray, strides: list[int], dil: list[int], oh: int, ow: int) -> np.ndarray:
+    n, c = xp.shape[:2]
+    kh, kw = w.shape[2:]
+    out = np.zeros((n, c, oh, ow), dtype=xp.dtype)
+    tmp = np.empty_like(out)
+    sh, sw = strides
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dil[0], j * dil[1]
+            view = xp[:, :, r0 : r0 + (oh - 1) * sh + 1 : sh, c0 : c0 + (ow - 1) * sw + 1 : sw]
+            np.multiply(view, w[:, 0, i, j].reshape(1, c, 1, 1), out=tmp)
+            out += tmp
+    return out
+
+
+# ---------------------------------------------------------------- pooling
+
+def _pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    xs = spec.shapes[0]
+    k = tuple(spec.attr("kernel_shape") or ())
+    if xs is None or len(xs) != 4 or -1 in xs[2:]:
+        return [((xs[0], xs[1], -1, -1) if xs else None, spec.dtypes[0])] * spec.n_outputs
+    strides, dil, b, e = conv_geometry(spec, tuple(xs[2:]), k)
+    ceil = bool(spec.attr("ceil_mode", 0))
+    oh = out_size(xs[2], k[0], strides[0], dil[0], b[0], e[0], ceil)
+    ow = out_size(xs[3], k[1], strides[1], dil[1], b[1], e[1], ceil)
+    return [((xs[0], xs[1], oh, ow), spec.dtypes[0])]
+
+
+@register(["MaxPool", "AveragePool"], _pool_shape)
+def pool(spec: KernelSpec) -> Run:
+    k = tuple(spec.attr("kernel_shape"))
+    is_max = spec.op == "MaxPool"
+    ceil = bool(spec.attr("ceil_mode", 0))
+    include_pad = bool(spec.attr("count_include_pad", 0))
+    if len(k) != 2:
+        raise ValueError(f"{spec.op} {spec.name}: only 2-D pooling is supported, kernel_shape={list(k)}")
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        n, c, h, wd = x.shape
+        strides, dil, b, e = conv_geometry(spec, (h, wd), k)
+        oh = out_size(h, k[0], strides[0], dil[0], b[0], e[0], ceil)
+        ow = out_size(wd, k[1], strides[1], dil[1], b[1], e[1], ceil)
+        # ceil_mode may read past the end: pad the tail so every window is in bounds
+        e2 = [max(e[0], (oh - 1) * strides[0] + (k[0] - 1) * dil[0] + 1 - h - b[0]),
+              max(e[1], (ow - 1) * strides[1] + (k[1] - 1) * dil[1] + 1 - wd - b[1])]
+        fill = -np.inf if is_max else 0.0
+        xp = pad_spatial(x, b, e2, fill)
+        out: np.ndarray | None = None
+        for i in range(k[0]):
+            for j in range(k[1]):
+                r0, c0 = i * dil[0], j * dil[1]
+                v = xp[:, :, r0 : r0 + (oh - 1) * strides[0] + 1 : strides[0], c0 : c0 + (ow - 1) * strides[1] + 1 : strides[1]]
+                if out is None:
+                    out = v.copy()
+                elif is_max:
+                    np.maximum(out, v, out=out)
+                else:
+                    out += v
+        assert out is not None
+        if not is_max:
+            if include_pad and e2 == e:
+                out /= k[0] * k[1]
+            else:
+                ones = pad_spatial(np.ones((1, 1, h, wd), x.dtype), b, e2, 1.0 if include_pad else 0.0)
+                if include_pad:  # padding counts, the ceil-mode overhang does not
+                    ones[:, :, h + b[0] + e[0] :, :] = 0
+                    ones[:, :, :, wd + b[1] + e[1] :] = 0
+                cnt = sum(
+                    ones[:, :, i * dil[0] : i * dil[0] + (oh - 1) * strides[0] + 1 : strides[0], j * dil[1] : j * dil[1] + (ow - 1) * strides[1] + 1 : strides[1]]
+                    for i in range(k[0]) for j in range(k[1])
+                )
+                out /= np.maximum(cnt, 1)
+        return (out,)
+
+    return run
+
+
+def _global_pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    xs = spec.shapes[0]
+    return [(None if xs is None else tuple(xs[:2]) + (1,) * (len(xs) - 2), spec.dtypes[0])]
+
+
+@register(["GlobalAveragePool", "GlobalMaxPool"], _global_pool_shape)
+def global_pool(spec: KernelSpec) -> Run:
+    f = np.mean if spec.op == "GlobalAveragePool" else np.max
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        axes = tuple(range(2, x.ndim))
+        return (np.asarray(f(x, axis=axes, keepdims=True), dtype=x.dtype),)
+
+    return run
+
+
+# ---------------------------------------------------------------- matrix products
+
+def _matmul_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    a, b = spec.shapes[0], spec.shapes[1]
+    if a is None or b is None:
+        return [(None, spec.dtypes[0])]
+    k_a, k_b = a[-1], (b[0] if len(b) == 1 else b[-2])
+    if -1 not in (k_a, k_b) and k_a != k_b:
+        raise ValueError(f"inner dimensions differ: {list(a)} @ {list(b)}")
+    if len(b) == 1:
+        return [(tuple(a[:-1]), spec.dtypes[0])]
+    if len(a) == 1:
+        return [(tuple(b[:-2]) + (b[-1],), spec.dtypes[0])]
+    from .registry import broadcast
+
+    batch = broadcast(tuple(a[:-2]), tuple(b[:-2])) or ()
+    return [(tuple(batch) + (a[-2], b[-1]), spec.dtypes[0])]
+
+
+@register(["MatMul", "FusedMatMul"], _matmul_shape)
+def matmul(spec: KernelSpec) -> Run:
+    """FusedMatMul(a, b, bias, [residual]) = act(a @ b + bias + residual)."""
+    epilogue = make_epilogue(spec.attrs)
+    b_const = spec.const(1)
+    b_fast = None if b_const is None else np.ascontiguousarray(b_const)
+
+    def run(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        bb = b_fast if b_fast is not None else b
+        if a.ndim > 2 and bb.ndim == 2:  # one big GEMM instead of a loop of small ones
+            y = parallel.matmul(a.reshape(-1, a.shape[-1]), bb).reshape(a.shape[:-1] + (bb.shape[-1],))
+        else:
+            y = parallel.matmul(a, bb)
+        if bias is not None:
+            y += bias
+        if residual is not None:
+            y += residual
+        if epilogue is not None:
+            epilogue(y)
+        return (y,)
+
+    return run
+
+
+def _gemm_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    a, b = spec.shapes[0], spec.shapes[1]
+    if a is None or b is None:
+        return [(None, spec.dtypes[0])]
+    m = a[1] if spec.attr("transA", 0) else a[0]
+    n = b[0] if spec.attr("transB", 0) else b[1]
+    return [((m, n), spec.dtypes[0])]
+
+
+@register("Gemm", _gemm_shape)
+def gemm(spec: KernelSpec) -> Run:
+    alpha, beta = spec.attr("alpha", 1.0), spec.attr("beta", 1.0)
+    ta, tb = spec.attr("transA", 0), spec.attr("transB", 0)
+    b_const = spec.const(1)
+    b_fast = None if b_const is None else np.ascontiguousarray(b_const.T if tb else b_const) * np.float32(alpha)
+    epilogue = make_epilogue(spec.attrs)
+
+    def run(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        aa = a.T if ta else a
+        if b_fast is not None:
+            y = aa @ b_fast
+        else:
+            y = aa @ (b.T if tb else b)
+            if alpha != 1.0:
+                y *= alpha
+        if c is not None:
+            y += c if beta == 1.0 else beta * c
+        if epilogue is not None:
+            epilogue(y)
+        return (y.astype(a.dtype, copy=False),)
+
+    return run
+
+
+@register("Einsum", lambda s: [(None, s.dtypes[0])])
+def einsum(spec: KernelSpec) -> Run:
+    eq = spec.attr("equation").replace(" ", "")
+    paths: dict[tuple[tuple[int, ...], ...], Any] = {}
+
+    def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        key = tuple(x.shape for x in xs)
+        path = paths.get(key)
+        if path is None:
+            path = paths[key] = np.einsum_path(eq, *xs, optimize="optimal")[0]
+        return (np.asarray(np.einsum(eq, *xs, optimize=path)),)
+
+    return run

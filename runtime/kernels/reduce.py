@@ -1,0 +1,125 @@
+"""Host reductions and normalizations (Softmax, LayerNormalization, ReduceMean, ...)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import KernelSpec, Run, norm_axis, register, same_as_input
+from .tensor import _ints
+
+
+def _reduce_axes(spec: KernelSpec, axes_in: np.ndarray | None, ndim: int) -> tuple[int, ...] | None:
+    axes = _ints(axes_in) if axes_in is not None else spec.attr("axes")
+    if not axes:
+        return () if spec.attr("noop_with_empty_axes", 0) else None
+    return tuple(norm_axis(a, ndim) for a in axes)
+
+
+def _reduce_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s = spec.shapes[0]
+    if s is None or (spec.has(1) and spec.const(1) is None):
+        return [(None, spec.dtypes[0])]
+    axes = _reduce_axes(spec, spec.const(1) if spec.has(1) else None, len(s))
+    axes = tuple(range(len(s))) if axes is None else axes
+    keep = spec.attr("keepdims", 1)
+    out = tuple((1 if i in axes else d) for i, d in enumerate(s) if keep or i not in axes)
+    return [(out, spec.dtypes[0])]
+
+
+_REDUCE = {
+    "ReduceMean": lambda x, a, k: np.mean(x, axis=a, keepdims=k, dtype=x.dtype),
+    "ReduceSum": lambda x, a, k: np.sum(x, axis=a, keepdims=k, dtype=x.dtype),
+    "ReduceMax": lambda x, a, k: np.max(x, axis=a, keepdims=k),
+    "ReduceMin": lambda x, a, k: np.min(x, axis=a, keepdims=k),
+    "ReduceProd": lambda x, a, k: np.prod(x, axis=a, keepdims=k, dtype=x.dtype),
+    "ReduceSumSquare": lambda x, a, k: np.sum(np.square(x), axis=a, keepdims=k, dtype=x.dtype),
+    "ReduceL2": lambda x, a, k: np.sqrt(np.sum(np.square(x), axis=a, keepdims=k, dtype=x.dtype)),
+    "ReduceL1": lambda x, a, k: np.sum(np.abs(x), axis=a, keepdims=k, dtype=x.dtype),
+    "ReduceLogSumExp": lambda x, a, k: np.log(np.sum(np.exp(x), axis=a, keepdims=k, dtype=x.dtype)),
+}
+
+
+@register(list(_REDUCE), _reduce_shape)
+def reduce(spec: KernelSpec) -> Run:
+    f = _REDUCE[spec.op]
+    keep = bool(spec.attr("keepdims", 1))
+
+    def run(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        a = _reduce_axes(spec, axes, x.ndim)
+        if a == ():
+            return (x,)
+        return (np.asarray(f(x, a, keep)),)
+
+    return run
+
+
+@register(["ArgMax", "ArgMin"], lambda s: [(None, np.dtype(np.int64))])
+def argminmax(spec: KernelSpec) -> Run:
+    axis, keep, last = spec.attr("axis", 0), spec.attr("keepdims", 1), spec.attr("select_last_index", 0)
+    f = np.argmax if spec.op == "ArgMax" else np.argmin
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        a = norm_axis(axis, x.ndim)
+        if last:
+            r = x.shape[a] - 1 - f(np.flip(x, axis=a), axis=a, keepdims=bool(keep))
+        else:
+            r = f(x, axis=a, keepdims=bool(keep))
+        return (np.asarray(r, dtype=np.int64),)
+
+    return run
+
+
+def softmax_inplace(x: np.ndarray, axis: int) -> np.ndarray:
+    x -= x.max(axis=axis, keepdims=True)
+    np.exp(x, out=x)
+    x /= x.sum(axis=axis, keepdims=True)
+    return x
+
+
+@register(["Softmax", "LogSoftmax"], same_as_input)
+def softmax(spec: KernelSpec) -> Run:
+    axis = spec.attr("axis", -1)
+    inplace = 0 in spec.inplace
+    log = spec.op == "LogSoftmax"
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        y = x if inplace and x.flags.writeable and x.flags.c_contiguous else x.astype(x.dtype, copy=True)
+        if log:
+            y -= y.max(axis=axis, keepdims=True)
+            y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))
+            return (y,)
+        return (softmax_inplace(y, axis),)
+
+    return run
+
+
+@register("LayerNormalization", lambda s: [(s.shapes[0], s.dtypes[0])] + [(None, np.dtype(np.float32))] * (s.n_outputs - 1))
+def layer_norm(spec: KernelSpec) -> Run:
+    axis, eps = spec.attr("axis", -1), spec.attr("epsilon", 1e-5)
+
+    def run(x: np.ndarray, scale: np.ndarray, bias: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        axes = tuple(range(norm_axis(axis, x.ndim), x.ndim))
+        mean = x.mean(axis=axes, keepdims=True)
+        d = x - mean
+        var = np.mean(np.square(d), axis=axes, keepdims=True)
+        inv = 1.0 / np.sqrt(var + eps)
+        y = d * inv
+        y *= scale
+        if bias is not None:
+            y += bias
+        extra = (mean, inv)[: spec.n_outputs - 1]
+        return (y, *extra)
+
+    return run
+
+
+@register("BatchNormalization", lambda s: [(s.shapes[0], s.dtypes[0])])
+def batch_norm(spec: KernelSpec) -> Run:
+    eps = spec.attr("epsilon", 1e-5)
+
+    def run(x: np.ndarray, scale: np.ndarray, b: np.ndarray, mean: np.ndarray, var: np.ndarray) -> tuple[np.ndarray, ...]:
+        s = scale / np.sqrt(var + eps)
+        shift = b - mean * s
+        shape = (1, -1) + (1,) * (x.ndim - 2)
+        return ((x * s.reshape(shape) + shift.reshape(shape)).astype(x.dtype, copy=False),)
+
+    return run

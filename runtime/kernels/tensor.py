@@ -1,0 +1,307 @@
+"""Host shape-manipulation kernels: views where NumPy allows, copies only where it must."""
+from __future__ import annotations
+
+import numpy as np
+
+from .registry import KernelSpec, Run, norm_axis, register, unknown_outputs
+
+
+def _ints(x: np.ndarray | None) -> list[int] | None:
+    return None if x is None else [int(v) for v in np.asarray(x).reshape(-1)]
+
+
+def _reshape_target(shape: tuple[int, ...], target: list[int], allowzero: int) -> list[int]:
+    out = list(target)
+    if not allowzero:
+        out = [shape[i] if d == 0 else d for i, d in enumerate(out)]
+    return out
+
+
+def _reshape_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    target = _ints(spec.const(1))
+    src = spec.shapes[0]
+    if target is None:
+        return [(None, spec.dtypes[0])]
+    if src is not None and not spec.attr("allowzero", 0):
+        target = [src[i] if d == 0 and i < len(src) else d for i, d in enumerate(target)]
+    if -1 in target and src is not None and -1 not in src:
+        known = int(np.prod([d for d in target if d != -1]))
+        target = [int(np.prod(src)) // known if d == -1 else d for d in target]
+    return [(tuple(target), spec.dtypes[0])]
+
+
+@register("Reshape", _reshape_shape)
+def reshape(spec: KernelSpec) -> Run:
+    allowzero = spec.attr("allowzero", 0)
+    static = _ints(spec.const(1))
+    if static is not None and 0 not in static:
+        return lambda x, _s: (x.reshape(static),)
+    return lambda x, s: (x.reshape(_reshape_target(x.shape, _ints(s) or [], allowzero)),)
+
+
+def _flatten_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s = spec.shapes[0]
+    if s is None:
+        return [(None, spec.dtypes[0])]
+    a = norm_axis(spec.attr("axis", 1), len(s))
+    left, right = s[:a], s[a:]
+    f = lambda d: -1 if -1 in d else int(np.prod(d))  # noqa: E731
+    return [((f(left), f(right)), spec.dtypes[0])]
+
+
+@register("Flatten", _flatten_shape)
+def flatten(spec: KernelSpec) -> Run:
+    axis = spec.attr("axis", 1)
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        a = norm_axis(axis, x.ndim)
+        return (x.reshape(int(np.prod(x.shape[:a])), -1),)
+
+    return run
+
+
+def _transpose_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s = spec.shapes[0]
+    if s is None:
+        return [(None, spec.dtypes[0])]
+    perm = spec.attr("perm") or list(range(len(s)))[::-1]
+    return [(tuple(s[p] for p in perm), spec.dtypes[0])]
+
+
+@register("Transpose", _transpose_shape)
+def transpose(spec: KernelSpec) -> Run:
+    perm = spec.attr("perm")
+    # A contiguous result keeps later BLAS calls and reshapes cheap.
+    return lambda x: (np.ascontiguousarray(np.transpose(x, perm)),)
+
+
+def _axes(spec: KernelSpec, input_index: int = 1) -> list[int] | None:
+    if spec.has(input_index):
+        return _ints(spec.const(input_index))
+    return spec.attr("axes")
+
+
+def _squeeze_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s, axes = spec.shapes[0], _axes(spec)
+    if s is None or (axes is None and spec.has(1)):
+        return [(None, spec.dtypes[0])]
+    if axes is None:
+        return [(tuple(d for d in s if d != 1), spec.dtypes[0])]
+    ax = {norm_axis(a, len(s)) for a in axes}
+    return [(tuple(d for i, d in enumerate(s) if i not in ax), spec.dtypes[0])]
+
+
+@register("Squeeze", _squeeze_shape)
+def squeeze(spec: KernelSpec) -> Run:
+    attr_axes = spec.attr("axes")
+
+    def run(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        ax = _ints(axes) if axes is not None else attr_axes
+        return (np.squeeze(x, axis=None if ax is None else tuple(ax)),)
+
+    return run
+
+
+def _unsqueeze_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s, axes = spec.shapes[0], _axes(spec)
+    if s is None or axes is None:
+        return [(None, spec.dtypes[0])]
+    out = list(s)
+    rank = len(s) + len(axes)
+    for a in sorted(norm_axis(a, rank) for a in axes):
+        out.insert(a, 1)
+    return [(tuple(out), spec.dtypes[0])]
+
+
+@register("Unsqueeze", _unsqueeze_shape)
+def unsqueeze(spec: KernelSpec) -> Run:
+    attr_axes = spec.attr("axes")
+
+    def run(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        ax = _ints(axes) if axes is not None else attr_axes
+        rank = x.ndim + len(ax)
+        return (np.expand_dims(x, tuple(sorted(norm_axis(a, rank) for a in ax))),)
+
+    return run
+
+
+def _concat_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    shapes = spec.shapes
+    if any(s is None for s in shapes):
+        return [(None, spec.dtypes[0])]
+    a = norm_axis(spec.attr("axis"), len(shapes[0]))  # type: ignore[arg-type]
+    out = list(shapes[0])  # type: ignore[arg-type]
+    sizes = [s[a] for s in shapes]  # type: ignore[index]
+    out[a] = -1 if -1 in sizes else sum(sizes)
+    for i in range(len(out)):
+        if i != a and out[i] == -1:
+            out[i] = next((s[i] for s in shapes if s[i] != -1), -1)  # type: ignore[index]
+    return [(tuple(out), spec.dtypes[0])]
+
+
+@register("Concat", _concat_shape)
+def concat(spec: KernelSpec) -> Run:
+    axis = spec.attr("axis")
+    return lambda *xs: (np.concatenate(xs, axis=axis),)
+
+
+@register("Split", lambda s: unknown_outputs(s))
+def split(spec: KernelSpec) -> Run:
+    axis = spec.attr("axis", 0)
+    attr_split = spec.attr("split")
+    n = spec.n_outputs
+
+    def run(x: np.ndarray, sizes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        parts = _ints(sizes) if sizes is not None else attr_split
+        a = norm_axis(axis, x.ndim)
+        if parts is None:
+            size = -(-x.shape[a] // n)
+            parts = [min(size, x.shape[a] - i * size) for i in range(n)]
+        idx = np.cumsum(parts)[:-1]
+        return tuple(np.split(x, idx, axis=a))
+
+    return run
+
+
+@register("Slice", lambda s: [(None, s.dtypes[0])])
+def slice_(spec: KernelSpec) -> Run:
+    def run(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray | None = None, steps: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        st, en = _ints(starts), _ints(ends)
+        ax = _ints(axes) if axes is not None else list(range(len(st)))  # type: ignore[arg-type]
+        sp = _ints(steps) if steps is not None else [1] * len(st)  # type: ignore[arg-type]
+        index = [slice(None)] * x.ndim
+        for s, e, a, k in zip(st, en, ax, sp):  # type: ignore[arg-type]
+            index[norm_axis(a, x.ndim)] = slice(s, e, k)
+        return (x[tuple(index)],)
+
+    return run
+
+
+def _gather_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s, i = spec.shapes
+    if s is None or i is None:
+        return [(None, spec.dtypes[0])]
+    a = norm_axis(spec.attr("axis", 0), len(s))
+    return [(tuple(s[:a]) + tuple(i) + tuple(s[a + 1 :]), spec.dtypes[0])]
+
+
+@register("Gather", _gather_shape)
+def gather(spec: KernelSpec) -> Run:
+    axis = spec.attr("axis", 0)
+
+    def run(x: np.ndarray, idx: np.ndarray) -> tuple[np.ndarray, ...]:
+        a = norm_axis(axis, x.ndim)
+        idx = np.asarray(idx)
+        if idx.size and (idx.min() < -x.shape[a] or idx.max() >= x.shape[a]):
+            raise IndexError(f"Gather indices out of range for axis {a} of size {x.shape[a]}")
+        return (np.take(x, idx, axis=a),)
+
+    return run
+
+
+@register("GatherElements", lambda s: [(s.shapes[1], s.dtypes[0])])
+def gather_elements(spec: KernelSpec) -> Run:
+    axis = spec.attr("axis", 0)
+    return lambda x, idx: (np.take_along_axis(x, idx.astype(np.int64), axis=axis),)
+
+
+@register("Pad", lambda s: [(None, s.dtypes[0])])
+def pad(spec: KernelSpec) -> Run:
+    mode = spec.attr("mode", "constant")
+    np_mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
+
+    def run(x: np.ndarray, pads: np.ndarray | None = None, value: np.ndarray | None = None, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        p = _ints(pads) if pads is not None else spec.attr("pads")
+        ax = _ints(axes) if axes is not None else list(range(x.ndim))
+        width = [(0, 0)] * x.ndim
+        k = len(ax)  # type: ignore[arg-type]
+        for j, a in enumerate(ax):  # type: ignore[arg-type]
+            width[norm_axis(a, x.ndim)] = (p[j], p[j + k])  # type: ignore[index]
+        if any(lo < 0 or hi < 0 for lo, hi in width):
+            x = x[tuple(slice(max(0, -lo), x.shape[i] - max(0, -hi)) for i, (lo, hi) in enumerate(width))]
+            width = [(max(0, lo), max(0, hi)) for lo, hi in width]
+        if np_mode == "constant":
+            cv = 0 if value is None or np.size(value) == 0 else np.asarray(value).item()
+            return (np.pad(x, width, mode="constant", constant_values=cv),)
+        return (np.pad(x, width, mode=np_mode),)
+
+    return run
+
+
+def _shape_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s = spec.shapes[0]
+    return [((len(s),) if s is not None else (-1,), np.dtype(np.int64))]
+
+
+@register("Shape", _shape_shape)
+def shape(spec: KernelSpec) -> Run:
+    start, end = spec.attr("start", 0), spec.attr("end")
+    return lambda x: (np.array(x.shape[start:end], dtype=np.int64),)
+
+
+@register("Size", lambda s: [((), np.dtype(np.int64))])
+def size(spec: KernelSpec) -> Run:
+    return lambda x: (np.array(x.size, dtype=np.int64),)
+
+
+@register("Expand", lambda s: [(None, s.dtypes[0])])
+def expand(spec: KernelSpec) -> Run:
+    return lambda x, s: (x * np.ones(_ints(s), dtype=x.dtype),)  # type: ignore[arg-type]
+
+
+@register("Tile", lambda s: [(None, s.dtypes[0])])
+def tile(spec: KernelSpec) -> Run:
+    return lambda x, reps: (np.tile(x, _ints(reps)),)  # type: ignore[arg-type]
+
+
+def _const_of_shape_dtype(spec: KernelSpec) -> np.ndarray:
+    v = spec.attr("value")
+    return np.zeros(1, np.float32) if v is None else np.asarray(v).reshape(-1)
+
+
+@register("ConstantOfShape", lambda s: [(None if s.const(0) is None else tuple(_ints(s.const(0)) or []), _const_of_shape_dtype(s).dtype)])
+def constant_of_shape(spec: KernelSpec) -> Run:
+    v = _const_of_shape_dtype(spec)
+    return lambda s: (np.full(_ints(s), v[0], dtype=v.dtype),)  # type: ignore[arg-type]
+
+
+def _constant_value(spec: KernelSpec) -> np.ndarray:
+    for k in ("value", "value_float", "value_int", "value_floats", "value_ints"):
+        if k in spec.attrs:
+            v = spec.attrs[k]
+            if k == "value_float" or k == "value_floats":
+                return np.asarray(v, dtype=np.float32)
+            if k == "value_int" or k == "value_ints":
+                return np.asarray(v, dtype=np.int64)
+            return np.asarray(v)
+    raise ValueError(f"Constant node {spec.name}: no supported value attribute")
+
+
+@register("Constant", lambda s: [(_constant_value(s).shape, _constant_value(s).dtype)])
+def constant(spec: KernelSpec) -> Run:
+    v = _constant_value(spec)
+    return lambda: (v,)
+
+
+@register("Range", lambda s: [((-1,), s.dtypes[0])])
+def range_(spec: KernelSpec) -> Run:
+    return lambda a, b, d: (np.arange(a.item(), b.item(), d.item(), dtype=a.dtype),)
+
+
+@register("NonZero", lambda s: [(None, np.dtype(np.int64))])
+def nonzero(spec: KernelSpec) -> Run:
+    return lambda x: (np.array(np.nonzero(x), dtype=np.int64),)
+
+
+@register("TopK", lambda s: [(None, s.dtypes[0]), (None, np.dtype(np.int64))])
+def topk(spec: KernelSpec) -> Run:
+    axis, largest, sorted_ = spec.attr("axis", -1), spec.attr("largest", 1), spec.attr("sorted", 1)
+
+    def run(x: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, ...]:
+        kk = int(np.asarray(k).reshape(-1)[0])
+        key = -x if largest else x
+        idx = np.argsort(key, axis=axis, kind="stable")
+        idx = np.take(idx, np.arange(kk), axis=axis)
+        return (np.take_along_axis(x, idx, axis=axis), idx.astype(np.int64))
+
+    return run

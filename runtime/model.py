@@ -1,0 +1,129 @@
+"""The public face of the runtime: load a model package, check inputs, run it."""
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+
+from .devices import get_device, read_engine, resolve_device
+from .devices.host import shared_pool
+from .errors import InputError
+from .graph import Graph
+from .onnx_import import load_onnx
+from .package import MODEL_ONNX, Manifest, TensorSpec, open_package
+
+
+def load_graph(package_dir: str | os.PathLike[str], manifest: Manifest) -> Graph:
+    graph = load_onnx(Path(package_dir) / MODEL_ONNX)
+    names = {v.name for v in graph.inputs}
+    missing = [t.name for t in manifest.inputs if t.name not in names]
+    if missing:
+        raise InputError(f"{package_dir}: manifest inputs {missing} are not inputs of model.onnx ({sorted(names)})")
+    return graph
+
+
+def check_feeds(specs: list[TensorSpec], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    """Inputs exactly as the model declares them, or an InputError naming the tensor at fault."""
+    if not isinstance(feeds, Mapping):
+        raise InputError(f"inputs must be a mapping of tensor name to array, got {type(feeds).__name__}")
+    by_name = {t.name: t for t in specs}
+    unknown = [k for k in feeds if k not in by_name]
+    if unknown:
+        raise InputError(f"unknown input {unknown[0]!r}; the model's inputs are: {describe(specs)}")
+    missing = [t.name for t in specs if t.name not in feeds]
+    if missing:
+        raise InputError(f"missing input {missing[0]!r}; the model's inputs are: {describe(specs)}")
+    out: dict[str, np.ndarray] = {}
+    for spec in specs:
+        x = feeds[spec.name]
+        if not isinstance(x, np.ndarray):
+            raise InputError(f"input {spec.name!r}: expected a numpy array of {spec.dtype}, got {type(x).__name__}")
+        if x.dtype != np.dtype(spec.dtype):
+            raise InputError(f"input {spec.name!r}: expected dtype {spec.dtype}, got {x.dtype}")
+        if x.ndim != len(spec.shape) or any(d != -1 and d != g for d, g in zip(spec.shape, x.shape)):
+            raise InputError(f"input {spec.name!r}: expected shape {_shape(spec.shape)}, got {list(x.shape)}")
+        if x.size == 0:
+            raise InputError(f"input {spec.name!r}: empty tensor (shape {list(x.shape)}); expected at least one element")
+        out[spec.name] = x
+    return out
+
+
+def _shape(shape: tuple[int, ...]) -> str:
+    return "[" + ", ".join("?" if d == -1 else str(d) for d in shape) + "]"
+
+
+def describe(specs: list[TensorSpec]) -> str:
+    return ", ".join(f"{t.name} ({t.dtype} {_shape(t.shape)})" for t in specs)
+
+
+class Model:
+    """A loaded model: thread-safe `predict`, awaitable `infer`."""
+
+    def __init__(self, package_dir: Path, manifest: Manifest, executable: Any, graph_inputs: list[str], graph_outputs: list[str], device: str, engine: dict[str, Any] | None) -> None:
+        self.package_dir = package_dir
+        self.manifest = manifest
+        self.name = manifest.name
+        self.version = manifest.version
+        self.inputs: list[TensorSpec] = list(manifest.inputs)
+        self.outputs: list[TensorSpec] = list(manifest.outputs)
+        self.device = device
+        self.engine = engine
+        self.engine_key: str | None = engine["key"] if engine else None
+        self._exe = executable
+        self._input_order = graph_inputs
+        self._output_names = graph_outputs
+
+    def __repr__(self) -> str:
+        return f"Model({self.name!r}, version={self.version!r}, device={self.device!r})"
+
+    def validate_inputs(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return check_feeds(self.inputs, feeds)
+
+    def _run_checked(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        results = self._exe.run([feeds[n] for n in self._input_order])
+        return dict(zip(self._output_names, results))
+
+    def predict(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return self._run_checked(self.validate_inputs(feeds))
+
+    async def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        checked = self.validate_inputs(feeds)
+        loop = asyncio.get_running_loop()
+        run_async = getattr(self._exe, "run_async", None)
+        if run_async is not None:  # dataflow: no thread parked waiting for the graph
+            fut = run_async([checked[n] for n in self._input_order])
+            results = await asyncio.wrap_future(fut)
+            return dict(zip(self._output_names, results))
+        return await loop.run_in_executor(shared_pool(), self._run_checked, checked)
+
+
+def load_model(package_dir: str | os.PathLike[str], device: str = "host", *, engine_dir: str | os.PathLike[str] | None = None, verify: bool = True, executor: str | None = None) -> Model:
+    """Load a model package for `device` (host, cuda, tensorrt or auto).
+
+    With `engine_dir`, the engine built for this node type is used (and checked against this
+    node); without it, the host device compiles model.onnx directly.
+    """
+    package_dir = Path(package_dir)
+    manifest = open_package(package_dir, verify=verify)
+    engine = None
+    if engine_dir is not None:
+        engine = read_engine(engine_dir, manifest)
+        device = engine["backend"] if device == "auto" else device
+        if engine["backend"] != device:
+            raise ValueError(f"engine {engine['key']} is for device {engine['backend']}, not {device}")
+    name = resolve_device(device)
+    dev = get_device(name)
+    dev.check_available()
+    graph = load_graph(package_dir, manifest)
+    options = dict(engine.get("options", {})) if engine else {}
+    if engine_dir is not None:
+        options["engine_dir"] = str(engine_dir)
+    if executor is not None:
+        options["executor"] = executor
+    graph_inputs = [v.name for v in graph.inputs]
+    graph_outputs = [v.name for v in graph.outputs]
+    exe = dev.prepare(graph, options)
+    return Model(package_dir, manifest, exe, graph_inputs, graph_outputs, name, engine)

@@ -1,0 +1,24 @@
+"""Compiler passes over the Graph IR, run in order by `optimize`."""
+from __future__ import annotations
+
+from ..graph import Graph
+from .constant_folding import fold_constants
+from .dce import eliminate_dead_nodes
+from .fusion import fuse
+from .shape_inference import infer_shapes
+
+PIPELINE = ("fold_constants", "fuse", "eliminate_dead_nodes", "infer_shapes")
+
+
+def optimize(graph: Graph, fusion: bool = True) -> Graph:
+    infer_shapes(graph)
+    fold_constants(graph)
+    infer_shapes(graph)
+    if fusion:
+        fuse(graph)
+    eliminate_dead_nodes(graph)
+    infer_shapes(graph)
+    return graph
+
+
+__all__ = ["optimize", "fold_constants", "fuse", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

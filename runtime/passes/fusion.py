@@ -1,0 +1,201 @@
+"""Fusion: fold per-channel affine ops into convolution weights, then fuse bias, residual and
+activation epilogues into FusedConv / FusedMatMul so each tensor is written once, not four times.
+
+A producer is fused only when its output has exactly one consumer and is not a graph output, so
+no intermediate that someone else reads ever disappears.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..graph import Graph, Node
+
+ACTIVATIONS = {"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Clip", "Gelu", "Elu", "Softplus"}
+
+
+class _Index:
+    """Producer/consumer maps kept in sync while nodes are rewritten."""
+
+    def __init__(self, graph: Graph) -> None:
+        self.graph = graph
+        self.users = graph.consumers()
+        self.outputs = graph.output_names()
+
+    def sole_user(self, value: str) -> Node | None:
+        users = self.users.get(value, [])
+        if len(users) != 1 or value in self.outputs:
+            return None
+        return users[0]
+
+    def bypass(self, consumer: Node, producer: Node) -> None:
+        """`consumer` is absorbed into `producer`: producer now writes consumer's output."""
+        producer.outputs = [consumer.outputs[0]]
+        self.graph.nodes.remove(consumer)
+        self.users = self.graph.consumers()
+
+
+def _const(graph: Graph, name: str) -> np.ndarray | None:
+    return graph.constants.get(name) if name else None
+
+
+def _per_channel(c: np.ndarray, channels: int, rank: int) -> np.ndarray | None:
+    """A constant that broadcasts over NCHW as one value per channel -> shape (channels,)."""
+    if c.ndim > rank:
+        return None
+    shape = (1,) * (rank - c.ndim) + c.shape
+    if any(d != 1 for i, d in enumerate(shape) if i != 1) or shape[1] not in (1, channels):
+        return None
+    return np.broadcast_to(c.reshape(-1), (channels,)).astype(np.float32)
+
+
+def _add_const(graph: Graph, value: np.ndarray, hint: str) -> str:
+    name = hint
+    k = 0
+    while name in graph.constants or name in graph.values:
+        k += 1
+        name = f"{hint}.{k}"
+    graph.constants[name] = value
+    return name
+
+
+def _conv_channels(graph: Graph, conv: Node) -> int | None:
+    w = _const(graph, conv.inputs[1])
+    return None if w is None else int(w.shape[0])
+
+
+def _ensure_bias(graph: Graph, conv: Node, channels: int, dtype: np.dtype) -> np.ndarray:
+    if len(conv.inputs) > 2 and conv.inputs[2] and conv.inputs[2] in graph.constants:
+        return graph.constants[conv.inputs[2]].astype(dtype)
+    return np.zeros(channels, dtype=dtype)
+
+
+def fold_affine_into_conv(graph: Graph) -> bool:
+    """Conv -> BatchNormalization, or Conv -> Mul(c) / Add(c) with per-channel constants."""
+    idx = _Index(graph)
+    for conv in list(graph.nodes):
+        if conv.op not in ("Conv", "FusedConv") or conv.attrs.get("activation") or len(conv.inputs) > 3:
+            continue
+        w = _const(graph, conv.inputs[1])
+        if w is None or w.ndim != 4:
+            continue
+        user = idx.sole_user(conv.outputs[0])
+        if user is None:
+            continue
+        channels = w.shape[0]
+        bias = _ensure_bias(graph, conv, channels, w.dtype)
+        if user.op == "BatchNormalization" and len(user.outputs) == 1 and all(i in graph.constants for i in user.inputs[1:]):
+            scale, b, mean, var = (graph.constants[i].astype(np.float64) for i in user.inputs[1:5])
+            s = scale / np.sqrt(var + user.attrs.get("epsilon", 1e-5))
+            new_w = (w * s.reshape(-1, 1, 1, 1)).astype(w.dtype)
+            new_b = ((bias - mean) * s + b).astype(w.dtype)
+        elif user.op in ("Mul", "Add") and len(user.inputs) == 2:
+            other = user.inputs[1] if user.inputs[0] == conv.outputs[0] else user.inputs[0]
+            c = _const(graph, other)
+            pc = None if c is None else _per_channel(c, channels, 4)
+            if pc is None:
+                continue
+            if user.op == "Mul":
+                new_w, new_b = (w * pc.reshape(-1, 1, 1, 1)).astype(w.dtype), (bias * pc).astype(w.dtype)
+            else:
+                new_w, new_b = w, (bias + pc).astype(w.dtype)
+        else:
+            continue
+        conv.inputs = [conv.inputs[0], _add_const(graph, new_w, conv.inputs[1] + ".folded"), _add_const(graph, new_b, conv.name + ".bias")]
+        idx.bypass(user, conv)
+        return True
+    return False
+
+
+def fold_pad_into_conv(graph: Graph) -> bool:
+    """Explicit zero Pad on the spatial dims before a Conv becomes the Conv's own padding."""
+    idx = _Index(graph)
+    for pad in list(graph.nodes):
+        if pad.op != "Pad" or pad.attrs.get("mode", "constant") != "constant":
+            continue
+        conv = idx.sole_user(pad.outputs[0])
+        if conv is None or conv.op not in ("Conv", "FusedConv") or conv.inputs[0] != pad.outputs[0]:
+            continue
+        if conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
+            continue
+        pads = _const(graph, pad.inputs[1]) if len(pad.inputs) > 1 else np.asarray(pad.attrs.get("pads"))
+        value = _const(graph, pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else np.zeros(())
+        if pads is None or value is None or np.any(value != 0) or (len(pad.inputs) > 3 and pad.inputs[3]):
+            continue
+        p = [int(v) for v in pads.reshape(-1)]
+        if len(p) != 8 or any(v < 0 for v in p) or p[0] or p[1] or p[4] or p[5]:
+            continue
+        old = conv.attrs.get("pads") or [0, 0, 0, 0]
+        if conv.attrs.get("auto_pad") == "VALID":
+            old = [0, 0, 0, 0]
+        conv.attrs = {**conv.attrs, "auto_pad": "NOTSET", "pads": [old[0] + p[2], old[1] + p[3], old[2] + p[6], old[3] + p[7]]}
+        conv.inputs = [pad.inputs[0]] + conv.inputs[1:]
+        graph.nodes.remove(pad)
+        return True
+    return False
+
+
+def _activation_attrs(graph: Graph, node: Node) -> tuple[str, dict[str, Any]] | None:
+    if node.op not in ACTIVATIONS:
+        return None
+    if node.op == "Clip":
+        bounds = {}
+        for i, key in ((1, "min"), (2, "max")):
+            if len(node.inputs) > i and node.inputs[i]:
+                c = _const(graph, node.inputs[i])
+                if c is None:
+                    return None
+                bounds[key] = float(c)
+            elif key in node.attrs:
+                bounds[key] = float(node.attrs[key])
+        return ("Clip", bounds)
+    return (node.op, dict(node.attrs))
+
+
+def fuse_epilogues(graph: Graph) -> bool:
+    """Conv/MatMul + bias Add + residual Add + activation -> one fused node."""
+    idx = _Index(graph)
+    for node in list(graph.nodes):
+        if node.op == "Conv":
+            node.op = "FusedConv"
+            node.inputs = node.inputs + [""] * (3 - len(node.inputs))
+        if node.op == "MatMul" and _const(graph, node.inputs[1]) is not None and _const(graph, node.inputs[1]).ndim == 2:
+            node.op = "FusedMatMul"
+            node.inputs = node.inputs + [""]
+        if node.op not in ("FusedConv", "FusedMatMul") or node.attrs.get("activation"):
+            continue
+        user = idx.sole_user(node.outputs[0])
+        if user is None:
+            continue
+        act = _activation_attrs(graph, user)
+        if act is not None:
+            node.attrs = {**node.attrs, "activation": act}
+            idx.bypass(user, node)
+            return True
+        if user.op != "Add" or len(user.inputs) != 2 or len(node.inputs) > 3:
+            continue
+        other = user.inputs[1] if user.inputs[0] == node.outputs[0] else user.inputs[0]
+        c = _const(graph, other)
+        if c is not None:  # bias
+            if node.op == "FusedMatMul" and c.ndim == 1 and not node.inputs[2]:
+                node.inputs[2] = other
+                idx.bypass(user, node)
+                return True
+            continue
+        mine, theirs = graph.values.get(node.outputs[0]), graph.values.get(other)
+        if mine is None or theirs is None or mine.shape is None or mine.shape != theirs.shape:
+            continue
+        if not all(d > 0 for d in mine.shape[1:]):
+            continue
+        node.inputs = node.inputs + [other]  # residual
+        idx.bypass(user, node)
+        return True
+    return False
+
+
+def fuse(graph: Graph) -> Graph:
+    for rewrite in (fold_pad_into_conv, fold_affine_into_conv, fuse_epilogues):
+        while rewrite(graph):
+            pass
+    return graph

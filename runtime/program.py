@@ -1,0 +1,184 @@
+"""Program: an optimized graph lowered to TFRT-style values and kernels.
+
+Values are registers with use counts; kernels carry operand counts and `used_by` lists so the
+dataflow executor can fire a kernel the moment its last operand arrives. Memory planning decides,
+from liveness, when each value is freed and which kernels may overwrite a dying operand.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .errors import UnsupportedOpError
+from .graph import Graph
+from .kernels.registry import Run, lookup
+from .passes import optimize
+from .passes.shape_inference import spec_for
+
+# Kernels whose output may share memory with input 0: writing into one would corrupt the other.
+VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Slice", "Split", "Cast",
+            "Transpose", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "Expand"}
+# Kernels that honour `inplace` for these operand positions.
+INPLACE_OPERANDS = {
+    "Relu": (0,), "Sigmoid": (0,), "Tanh": (0,), "HardSwish": (0,), "HardSigmoid": (0,), "Gelu": (0,),
+    "Exp": (0,), "Log": (0,), "Sqrt": (0,), "Neg": (0,), "Abs": (0,), "Reciprocal": (0,), "Erf": (0,),
+    "Clip": (0,), "Softmax": (0,), "LogSoftmax": (0,),
+    "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1),
+    "FusedConv": (3,),
+}
+
+
+@dataclass
+class Value:
+    id: int
+    name: str
+    dtype: np.dtype | None
+    shape: tuple[int, ...] | None
+    const: np.ndarray | None = None
+    producer: int | None = None  # kernel id; None for inputs and constants
+    use_count: int = 0
+
+
+@dataclass
+class Kernel:
+    id: int
+    op: str
+    name: str
+    inputs: list[int]  # value ids; -1 = omitted optional operand
+    outputs: list[int]
+    run: Run
+    operand_count: int = 0  # non-constant operands to wait for
+    used_by: list[int] = field(default_factory=list)  # kernel ids consuming any output
+    frees: list[int] = field(default_factory=list)  # value ids dead after this kernel
+    inplace: frozenset[int] = frozenset()
+
+
+@dataclass
+class Program:
+    values: list[Value]
+    kernels: list[Kernel]
+    inputs: list[int]
+    outputs: list[int]
+    device: str = "host"
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    def value(self, name: str) -> Value:
+        return next(v for v in self.values if v.name == name)
+
+    def describe(self) -> str:
+        ops: dict[str, int] = {}
+        for k in self.kernels:
+            ops[k.op] = ops.get(k.op, 0) + 1
+        return ", ".join(f"{op}x{n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1]))
+
+
+def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concurrent: bool = False) -> Program:
+    """Optimize `graph` and lower it to a Program of kernels for `device`.
+
+    `concurrent=True` plans memory for the dataflow executor, where "last in program order" is
+    not "last to run": a kernel may then overwrite only operands nobody else reads.
+    """
+    nodes_before = len(graph.nodes)
+    _check_supported(graph, device)
+    optimize(graph, fusion=fusion)
+
+    ids: dict[str, int] = {}
+    values: list[Value] = []
+
+    def new_value(name: str, const: np.ndarray | None = None) -> int:
+        info = graph.values.get(name)
+        v = Value(len(values), name, info.dtype if info else None, info.shape if info else None, const)
+        values.append(v)
+        ids[name] = v.id
+        return v.id
+
+    for i in graph.inputs:
+        new_value(i.name)
+    for name, c in graph.constants.items():
+        new_value(name, c)
+
+    alias_root: dict[int, int] = {}
+    kernels: list[Kernel] = []
+    for node in graph.nodes:
+        ins = []
+        for name in node.inputs:
+            if not name:
+                ins.append(-1)
+                continue
+            if name not in ids:
+                raise UnsupportedOpError(f"node {node.name} ({node.op}): input {name!r} is not produced by any node")
+            ins.append(ids[name])
+        outs = [new_value(o) if o else -1 for o in node.outputs]
+        k = Kernel(len(kernels), node.op, node.name, ins, outs, run=_noop)
+        for vid in ins:
+            if vid >= 0:
+                values[vid].use_count += 1
+        for vid in outs:
+            if vid >= 0:
+                values[vid].producer = k.id
+                alias_root[vid] = alias_root.get(ins[0], ins[0]) if node.op in VIEW_OPS and ins and ins[0] >= 0 else vid
+        k.operand_count = sum(1 for vid in ins if vid >= 0 and values[vid].const is None)
+        kernels.append(k)
+    for k in kernels:
+        for vid in k.inputs:
+            p = values[vid].producer if vid >= 0 else None
+            if p is not None and k.id not in kernels[p].used_by:
+                kernels[p].used_by.append(k.id)
+
+    outputs = [ids[o.name] for o in graph.outputs]
+    _plan_memory(kernels, values, alias_root, set(ids[i.name] for i in graph.inputs), set(outputs), concurrent)
+
+    node_by_name = {n.name: n for n in graph.nodes}
+    for k in kernels:
+        node = node_by_name[k.name]
+        k.run = lookup(k.op, device, node=k.name).factory(spec_for(graph, node, inplace=k.inplace))
+
+    prog = Program(values, kernels, [ids[i.name] for i in graph.inputs], outputs, device=device)
+    prog.stats = {"nodes_in": nodes_before, "kernels": len(kernels), "constants": len(graph.constants),
+                  "inplace_kernels": sum(1 for k in kernels if k.inplace)}
+    return prog
+
+
+def _noop(*_: Any) -> tuple[np.ndarray, ...]:
+    raise AssertionError("kernel not compiled")
+
+
+def _check_supported(graph: Graph, device: str) -> None:
+    for node in graph.nodes:
+        lookup(node.op, device, node=node.name)  # raises UnsupportedOpError naming op, node and the supported list
+
+
+def _plan_memory(kernels: list[Kernel], values: list[Value], alias_root: dict[int, int], inputs: set[int], outputs: set[int], concurrent: bool) -> None:
+    """Liveness over alias sets: free dead values, allow in-place writes into dying operands."""
+    last_use: dict[int, int] = {}
+    for k in kernels:
+        for vid in k.inputs:
+            if vid >= 0:
+                last_use[vid] = k.id
+    root_last: dict[int, int] = {}
+    pinned: set[int] = set()  # roots whose memory we never own or must keep: inputs, constants, outputs
+    for v in values:
+        root = alias_root.get(v.id, v.id)
+        root_last[root] = max(root_last.get(root, -1), last_use.get(v.id, -1))
+        if v.id in inputs or v.const is not None or v.id in outputs:
+            pinned.add(root)
+        if concurrent and v.use_count > 1:  # two readers may run in either order
+            pinned.add(root)
+    for k in kernels:
+        allowed = set()
+        for pos in INPLACE_OPERANDS.get(k.op, ()):
+            if pos >= len(k.inputs) or k.inputs[pos] < 0:
+                continue
+            vid = k.inputs[pos]
+            root = alias_root.get(vid, vid)
+            if root in pinned or root_last.get(root) != k.id or k.inputs.count(vid) > 1:
+                continue
+            if sum(1 for other in k.inputs if other >= 0 and alias_root.get(other, other) == root) > 1:
+                continue
+            allowed.add(pos)
+        k.inplace = frozenset(allowed)
+    for vid, kid in last_use.items():
+        if vid not in outputs and values[vid].const is None and vid not in inputs:
+            kernels[kid].frees.append(vid)

@@ -1,0 +1,255 @@
+"""FastAPI app: thin routes over the protocol codecs (oip, tfserving) and the model registry.
+
+Routes take the raw Request and return raw Responses: the codecs do their own validation with
+messages that name the tensor, and pydantic models on the hot path would only add cost.
+"""
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import time
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+
+import kubetrt
+from kubetrt.logs import log
+
+from . import oip, tfserving
+from .errors import BadRequest, NotFound, PayloadTooLarge, ServingError, Unavailable, error_response
+from .metrics import CONTENT_TYPE, UNKNOWN_MODEL, ServingMetrics
+from .registry import ModelLike, ModelRegistry, ServedModel, ServingConfig, timeout_from_params
+
+logger = logging.getLogger("kubetrt.serving")
+
+JSON = "application/json"
+OUTCOME_BY_STATUS = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "unavailable", 504: "timeout"}
+
+
+def create_app(
+    packages: Iterable[str | os.PathLike[str]] = (),
+    config: ServingConfig | None = None,
+    *,
+    models: Iterable[ModelLike] = (),
+) -> FastAPI:
+    """App serving the given model packages (loaded in the background) and/or loaded models."""
+    config = config or ServingConfig()
+    metrics = ServingMetrics()
+    registry = ModelRegistry(config, metrics)
+    for p in packages:
+        registry.add_package(p)
+    for m in models:
+        registry.add_model(m)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        # Load after startup so liveness answers while models load; readiness waits for them.
+        loading = asyncio.create_task(registry.load_all())
+        try:
+            yield
+        finally:
+            if not loading.done():
+                loading.cancel()
+            await asyncio.to_thread(registry.close)
+
+    app = FastAPI(title="kubetrt serving", version=kubetrt.__version__, lifespan=lifespan)
+    app.state.registry = registry
+    app.state.metrics = metrics
+    app.state.config = config
+    _install_error_handlers(app)
+    _add_oip_routes(app, registry, config)
+    _add_tfserving_routes(app, registry, config)
+
+    @app.get("/metrics")
+    async def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _json(doc: Any, status: int = 200) -> Response:
+    import json
+
+    return Response(json.dumps(doc, separators=(",", ":")), status_code=status, media_type=JSON)
+
+
+async def read_body(request: Request, limit: int) -> bytes:
+    """The body, refusing more than `limit` bytes (413); an oversize body is drained, not kept,
+    so the client still reads the 413 instead of a reset connection."""
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        try:
+            n = int(declared)
+        except ValueError:
+            raise BadRequest(f"Content-Length {declared!r} is not an integer") from None
+        if n <= limit:
+            return await request.body()
+    chunks, total = [], 0
+    async for chunk in request.stream():
+        total += len(chunk)
+        if total <= limit:
+            chunks.append(chunk)
+        else:
+            chunks.clear()
+    if total > limit:
+        raise PayloadTooLarge(f"request body of {total} bytes exceeds the limit of {limit} bytes (--max-body-bytes)")
+    return b"".join(chunks)
+
+
+async def tracked(served: ServedModel, handle: Callable[[], Awaitable[Response]]) -> Response:
+    """Run one inference route with in-flight, duration and outcome metrics for its model."""
+    m = served.metrics
+    m.inflight.inc()
+    t0 = time.perf_counter()
+    try:
+        response = await handle()
+    except ServingError as e:
+        m.outcome[OUTCOME_BY_STATUS.get(e.status, "error")].inc()
+        raise
+    except BaseException:
+        m.outcome["error"].inc()
+        raise
+    finally:
+        m.inflight.dec()
+        m.request_duration.observe(time.perf_counter() - t0)
+    m.outcome["success"].inc()
+    return response
+
+
+def _lookup(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
+    try:
+        return registry.get(name, version)
+    except NotFound:
+        registry.metrics.requests.labels(UNKNOWN_MODEL, "not_found").inc()
+        raise
+
+
+def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig) -> None:
+    @app.get("/v2")
+    async def server_metadata() -> Response:
+        return _json({"name": "kubetrt", "version": kubetrt.__version__, "extensions": ["binary_tensor_data"]})
+
+    @app.get("/v2/health/live")
+    async def live() -> Response:
+        return _json({"live": True})
+
+    @app.get("/v2/health/ready")
+    async def ready() -> Response:
+        if registry.ready:
+            return _json({"ready": True})
+        reasons = registry.not_ready_reasons() or ["no models are configured"]
+        raise Unavailable("not ready: " + "; ".join(reasons))
+
+    @app.get("/v2/models/{name}")
+    @app.get("/v2/models/{name}/versions/{version}")
+    async def model_metadata(name: str, version: str | None = None) -> Response:
+        s = registry.get(name, version)
+        return _json({
+            "name": s.name,
+            "versions": [s.version],
+            "platform": "kubetrt",
+            "inputs": oip.tensor_metadata(s.inputs),
+            "outputs": oip.tensor_metadata(s.outputs),
+            "ready": s.ready,
+            "state": s.state.value,
+            "reason": s.reason,
+            "device": s.device,
+        })
+
+    @app.get("/v2/models/{name}/ready")
+    @app.get("/v2/models/{name}/versions/{version}/ready")
+    async def model_ready(name: str, version: str | None = None) -> Response:
+        s = registry.get(name, version)
+        if not s.ready:
+            raise Unavailable(f"model {s.name} version {s.version} is not ready: {s.reason}")
+        return _json({"name": s.name, "ready": True})
+
+    @app.post("/v2/models/{name}/infer")
+    @app.post("/v2/models/{name}/versions/{version}/infer")
+    async def infer(request: Request, name: str, version: str | None = None) -> Response:
+        served = _lookup(registry, name, version)
+
+        async def handle() -> Response:
+            body = await read_body(request, config.max_body_bytes)
+            req = oip.decode_infer_request(body, _header_length(request), served.inputs, served.outputs)
+            results = await served.infer(req.feeds, timeout_from_params(req.parameters))
+            payload, header_length = oip.encode_infer_response(served.name, served.version, req, results)
+            if header_length is None:
+                return Response(payload, media_type=JSON)
+            return Response(
+                payload,
+                media_type="application/octet-stream",
+                headers={"Inference-Header-Content-Length": str(header_length)},
+            )
+
+        return await tracked(served, handle)
+
+
+def _header_length(request: Request) -> int | None:
+    raw = request.headers.get(oip.HEADER_LENGTH)
+    if raw is None:
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise BadRequest(f"Inference-Header-Content-Length {raw!r} is not an integer") from None
+
+
+def _add_tfserving_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig) -> None:
+    @app.get("/v1/models/{name}")
+    @app.get("/v1/models/{name}/versions/{version}")
+    async def tf_status(name: str, version: str | None = None) -> Response:
+        s = registry.get(name, version)
+        state = {"ready": "AVAILABLE", "loading": "LOADING"}.get(s.state.value, "END")
+        return _json(tfserving.model_status(s.version, state, "" if s.ready or state == "LOADING" else s.reason))
+
+    @app.get("/v1/models/{name}/metadata")
+    @app.get("/v1/models/{name}/versions/{version}/metadata")
+    async def tf_metadata(name: str, version: str | None = None) -> Response:
+        s = registry.get(name, version)
+        return _json(tfserving.model_metadata(s.name, s.version, s.signature, s.inputs, s.outputs))
+
+    @app.post("/v1/models/{name}:predict")
+    @app.post("/v1/models/{name}/versions/{version}:predict")
+    async def tf_predict(request: Request, name: str, version: str | None = None) -> Response:
+        served = _lookup(registry, name, version)
+
+        async def handle() -> Response:
+            body = await read_body(request, config.max_body_bytes)
+            feeds, columnar = tfserving.decode_predict(body, served.inputs, served.signature or tfserving.DEFAULT_SIGNATURE)
+            results = await served.infer(feeds)
+            return Response(tfserving.encode_predict(results, served.outputs, columnar), media_type=JSON)
+
+        return await tracked(served, handle)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def serving_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, ServingError)
+        if exc.status == 500:  # a runtime fault on a valid request; 4xx/503/504 are the client's news
+            log(logger, logging.WARNING, "inference failed", path=request.url.path, error=exc.message)
+        return error_response(exc.status, exc.message, exc.headers)
+
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        message = {404: f"no route for {request.method} {request.url.path}",
+                   405: f"method {request.method} is not allowed on {request.url.path}"}.get(
+            exc.status_code, str(exc.detail))
+        return error_response(exc.status_code, message, getattr(exc, "headers", None))
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        return error_response(400, f"invalid request: {exc}")
+
+    async def unexpected(request: Request, exc: Exception) -> Response:
+        logger.error("unexpected error on %s %s", request.method, request.url.path, exc_info=exc)
+        return error_response(500, f"internal error: {type(exc).__name__}: {exc}")
+
+    app.add_exception_handler(ServingError, serving_error)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)
+    app.add_exception_handler(Exception, unexpected)

@@ -1,0 +1,76 @@
+"""Prometheus metrics, on a per-app CollectorRegistry so several apps (tests) never collide.
+
+Label children are bound once per model (`for_model`), keeping `.labels()` lookups off the hot
+path; the batcher reports queue/compute/batch-size through `ModelMetrics.on_batch`.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+LATENCY_BUCKETS = (
+    0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+OUTCOMES = ("success", "bad_request", "not_found", "too_large", "unavailable", "timeout", "error")
+UNKNOWN_MODEL = "_unknown"  # one label value for every unknown name: clients can't blow up cardinality
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class ServingMetrics:
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "kubetrt_inference_requests", "Inference requests by outcome", ["model", "outcome"], registry=r
+        )
+        self.request_duration = Histogram(
+            "kubetrt_request_duration_seconds", "End-to-end inference request time in the server",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.queue_duration = Histogram(
+            "kubetrt_queue_duration_seconds", "Time a request waited in the batcher queue",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.compute_duration = Histogram(
+            "kubetrt_compute_duration_seconds", "Runtime compute time per batch",
+            ["model"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            "kubetrt_batch_size", "Rows per runtime call", ["model"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.batch_requests = Histogram(
+            "kubetrt_batch_requests", "Requests merged per runtime call", ["model"], buckets=BATCH_BUCKETS, registry=r
+        )
+        self.inflight = Gauge("kubetrt_inflight_requests", "Inference requests in progress", ["model"], registry=r)
+        self.ready = Gauge("kubetrt_model_ready", "1 when the model passed its golden warm-up", ["model"], registry=r)
+
+    def for_model(self, model: str) -> "ModelMetrics":
+        return ModelMetrics(self, model)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class ModelMetrics:
+    """Metric children bound to one model label."""
+
+    def __init__(self, m: ServingMetrics, model: str) -> None:
+        self.model = model
+        self.outcome = {o: m.requests.labels(model, o) for o in OUTCOMES}
+        self.request_duration = m.request_duration.labels(model)
+        self.queue_duration = m.queue_duration.labels(model)
+        self.compute_duration = m.compute_duration.labels(model)
+        self.batch_size = m.batch_size.labels(model)
+        self.batch_requests = m.batch_requests.labels(model)
+        self.inflight = m.inflight.labels(model)
+        self.ready = m.ready.labels(model)
+
+    def on_batch(self, rows: int, requests: int, queue_seconds: Sequence[float], compute_seconds: float) -> None:
+        self.batch_size.observe(rows)
+        self.batch_requests.observe(requests)
+        self.compute_duration.observe(compute_seconds)
+        for q in queue_seconds:
+            self.queue_duration.observe(q)

@@ -1,0 +1,230 @@
+"""Open Inference Protocol (KServe V2) codec: request bytes -> feeds, outputs -> response bytes.
+
+Pure functions with no web framework in sight, so they are tested directly and the routes stay
+thin. Supports JSON tensors (flat or nested `data`) and the binary tensor extension: the body is a
+JSON header of `Inference-Header-Content-Length` bytes followed by raw tensor blobs in input order
+(`parameters.binary_data_size`), answered the same way for outputs that ask for `binary_data`.
+"""
+from __future__ import annotations
+
+import json
+import struct
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from kubetrt.runtime.package import TensorSpec
+
+from .errors import BadRequest
+from .tensors import OIP_TO_NUMPY, array_from_json, element_count, json_value, oip_datatype
+
+HEADER_LENGTH = "inference-header-content-length"
+MAX_RANK = 32
+
+
+@dataclass
+class InferRequest:
+    id: str | None
+    feeds: dict[str, np.ndarray]
+    outputs: list[tuple[str, bool]]  # (name, binary) in response order
+    parameters: dict[str, Any]
+
+
+def decode_infer_request(
+    body: bytes,
+    header_length: int | None,
+    inputs: Sequence[TensorSpec],
+    outputs: Sequence[TensorSpec],
+) -> InferRequest:
+    """Parse and type-check an infer request against the model's signature (names, datatypes)."""
+    if header_length is not None:
+        if header_length < 0 or header_length > len(body):
+            raise BadRequest(
+                f"Inference-Header-Content-Length {header_length} is outside the body ({len(body)} bytes)"
+            )
+        header, binary = body[:header_length], memoryview(body)[header_length:]
+    else:
+        header, binary = body, memoryview(b"")
+    try:
+        doc = json.loads(header)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise BadRequest(f"malformed JSON in the request body: {e}") from None
+    if not isinstance(doc, dict):
+        raise BadRequest(f"request body must be a JSON object, got {type(doc).__name__}")
+    req_id = doc.get("id")
+    if req_id is not None and not isinstance(req_id, str):
+        raise BadRequest(f"'id' must be a string, got {type(req_id).__name__}")
+    params = _params(doc.get("parameters"), "request 'parameters'")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise BadRequest("'inputs' must be a non-empty list of tensors")
+
+    specs = {t.name: t for t in inputs}
+    feeds: dict[str, np.ndarray] = {}
+    offset = 0
+    for i, t in enumerate(raw_inputs):
+        if not isinstance(t, dict):
+            raise BadRequest(f"inputs[{i}] must be an object, got {type(t).__name__}")
+        name = t.get("name")
+        if not isinstance(name, str):
+            raise BadRequest(f"inputs[{i}]: 'name' must be a string")
+        spec = specs.get(name)
+        if spec is None:
+            raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(specs)}")
+        if name in feeds:
+            raise BadRequest(f"input {name!r} is given twice")
+        what = f"input {name!r}"
+        datatype = t.get("datatype")
+        expected = oip_datatype(spec.dtype)
+        if not isinstance(datatype, str) or datatype not in OIP_TO_NUMPY:
+            raise BadRequest(f"{what}: unknown datatype {datatype!r}; expected {expected}")
+        if datatype != expected:
+            raise BadRequest(f"{what}: datatype {datatype} does not match the model's {expected}")
+        shape = _shape(t.get("shape"), what)
+        tparams = _params(t.get("parameters"), f"{what} 'parameters'")
+        dtype = OIP_TO_NUMPY[datatype]
+        size = tparams.get("binary_data_size")
+        if size is not None:
+            if "data" in t:
+                raise BadRequest(f"{what}: has both 'data' and binary_data_size")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise BadRequest(f"{what}: binary_data_size must be a non-negative integer")
+            if offset + size > len(binary):
+                raise BadRequest(
+                    f"{what}: binary_data_size {size} runs past the end of the binary data "
+                    f"({len(binary) - offset} bytes left)"
+                )
+            arr = _from_binary(binary[offset : offset + size], dtype, shape, what)
+            offset += size
+        else:
+            if "data" not in t:
+                raise BadRequest(f"{what}: has neither 'data' nor parameters.binary_data_size")
+            arr = array_from_json(t["data"], dtype, what)
+            n = element_count(shape)
+            if arr.size != n:
+                raise BadRequest(f"{what}: shape {list(shape)} needs {n} elements, data has {arr.size}")
+            arr = arr.reshape(shape)
+        feeds[name] = arr
+    if offset != len(binary):
+        raise BadRequest(f"{len(binary) - offset} bytes of binary data follow the tensors that use them")
+
+    binary_default = params.get("binary_data_output", False)
+    if not isinstance(binary_default, bool):
+        raise BadRequest("parameter binary_data_output must be true or false")
+    return InferRequest(req_id, feeds, _requested_outputs(doc.get("outputs"), outputs, binary_default), params)
+
+
+def _params(p: Any, what: str) -> dict[str, Any]:
+    if p is None:
+        return {}
+    if not isinstance(p, dict):
+        raise BadRequest(f"{what} must be an object, got {type(p).__name__}")
+    return p
+
+
+def _shape(shape: Any, what: str) -> tuple[int, ...]:
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
+        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
+    ):
+        raise BadRequest(f"{what}: 'shape' must be a list of at most {MAX_RANK} non-negative integers, got {shape!r}")
+    return tuple(shape)
+
+
+def _from_binary(buf: memoryview, dtype: np.dtype, shape: tuple[int, ...], what: str) -> np.ndarray:
+    n = element_count(shape)
+    if dtype.kind == "O":
+        items = _unpack_bytes(buf, what)
+        if len(items) != n:
+            raise BadRequest(f"{what}: shape {list(shape)} needs {n} elements, binary data has {len(items)}")
+        arr = np.empty(n, dtype=object)
+        arr[:] = items
+        return arr.reshape(shape)
+    need = n * dtype.itemsize
+    if len(buf) != need:
+        raise BadRequest(
+            f"{what}: shape {list(shape)} of {oip_datatype(dtype)} needs {need} bytes, binary_data_size is {len(buf)}"
+        )
+    return np.frombuffer(buf, dtype=dtype.newbyteorder("<")).reshape(shape)
+
+
+def _unpack_bytes(buf: memoryview, what: str) -> list[bytes]:
+    """BYTES binary layout: each element is a 4-byte little-endian length, then that many bytes."""
+    items, i, end = [], 0, len(buf)
+    while i < end:
+        if i + 4 > end:
+            raise BadRequest(f"{what}: truncated BYTES element length at byte {i}")
+        (length,) = struct.unpack_from("<I", buf, i)
+        i += 4
+        if i + length > end:
+            raise BadRequest(f"{what}: BYTES element of {length} bytes runs past its binary data")
+        items.append(bytes(buf[i : i + length]))
+        i += length
+    return items
+
+
+def _pack_bytes(arr: np.ndarray) -> bytes:
+    parts = []
+    for v in arr.ravel().tolist():
+        b = v if isinstance(v, (bytes, bytearray)) else str(v).encode()
+        parts.append(struct.pack("<I", len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+def _requested_outputs(raw: Any, outputs: Sequence[TensorSpec], binary_default: bool) -> list[tuple[str, bool]]:
+    names = [t.name for t in outputs]
+    if raw is None:
+        return [(n, binary_default) for n in names]
+    if not isinstance(raw, list):
+        raise BadRequest(f"'outputs' must be a list, got {type(raw).__name__}")
+    result = []
+    for i, o in enumerate(raw):
+        if not isinstance(o, dict) or not isinstance(o.get("name"), str):
+            raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
+        name = o["name"]
+        if name not in names:
+            raise BadRequest(f"unknown output {name!r} requested; the model's outputs are {names}")
+        p = _params(o.get("parameters"), f"output {name!r} 'parameters'")
+        if "classification" in p:
+            raise BadRequest(f"output {name!r}: the classification extension is not supported")
+        binary = p.get("binary_data", binary_default)
+        if not isinstance(binary, bool):
+            raise BadRequest(f"output {name!r}: binary_data must be true or false")
+        result.append((name, binary))
+    return result
+
+
+def encode_infer_response(
+    model_name: str,
+    model_version: str,
+    request: InferRequest,
+    results: Mapping[str, np.ndarray],
+) -> tuple[bytes, int | None]:
+    """-> (body, Inference-Header-Content-Length or None when every output is JSON)."""
+    out_docs = []
+    blobs: list[bytes] = []
+    for name, binary in request.outputs:
+        arr = np.asarray(results[name])
+        doc: dict[str, Any] = {"name": name, "datatype": oip_datatype(arr.dtype), "shape": list(arr.shape)}
+        if binary:
+            if arr.dtype.kind in "OSU":
+                blob = _pack_bytes(arr)
+            else:
+                blob = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+            doc["parameters"] = {"binary_data_size": len(blob)}
+            blobs.append(blob)
+        else:
+            doc["data"] = json_value(arr.ravel())
+        out_docs.append(doc)
+    resp: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": out_docs}
+    if request.id is not None:
+        resp["id"] = request.id
+    header = json.dumps(resp, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+def tensor_metadata(specs: Sequence[TensorSpec]) -> list[dict[str, Any]]:
+    return [{"name": t.name, "datatype": oip_datatype(t.dtype), "shape": list(t.shape)} for t in specs]

@@ -1,0 +1,306 @@
+"""Loaded models: load, golden warm-up, readiness, lookup by name/version, one batcher each.
+
+A model becomes ready only after it loaded and reproduced its package's golden (TensorFlow)
+outputs within the tolerance for its device and precision; until then, or after a mismatch, it
+answers 503 and says why (log line, OIP metadata `reason`).
+"""
+from __future__ import annotations
+
+import asyncio
+import enum
+import inspect
+import logging
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping, Protocol, Sequence
+
+import numpy as np
+
+from kubetrt.logs import log
+from kubetrt.runtime.batcher import (
+    BatchComputeError,
+    Batcher,
+    BatcherClosed,
+    BatcherConfig,
+    DeadlineExceeded,
+    QueueFull,
+)
+from kubetrt.runtime.package import TensorSpec, load_golden, read_manifest
+
+from .errors import BadRequest, ComputeFailed, NotFound, Timeout, Unavailable
+from .metrics import ModelMetrics, ServingMetrics
+
+logger = logging.getLogger("kubetrt.serving")
+
+# (rtol, atol) per precision, then per device where a device needs looser bounds than the host.
+TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
+    "fp32": {"host": (1e-4, 1e-4), "cuda": (1e-3, 1e-3), "tensorrt": (1e-3, 1e-3)},
+    "fp16": {"host": (1e-2, 1e-2), "cuda": (1e-2, 1e-2), "tensorrt": (1e-2, 1e-2)},
+    "int8": {"host": (5e-2, 5e-2), "cuda": (5e-2, 5e-2), "tensorrt": (5e-2, 5e-2)},
+}
+
+
+class ModelLike(Protocol):
+    """What serving needs from kubetrt.runtime.Model (test doubles implement the same)."""
+
+    name: str
+    version: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    device: str
+    package_dir: Any
+
+    def predict(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def validate_inputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+
+class State(str, enum.Enum):
+    LOADING = "loading"
+    READY = "ready"
+    FAILED = "failed"
+
+
+@dataclass
+class ServingConfig:
+    device: str = "host"
+    engine_key: str | None = None
+    batcher: BatcherConfig = field(default_factory=BatcherConfig)
+    request_timeout_s: float = 30.0
+    max_body_bytes: int = 64 << 20
+    golden_check: bool = True
+
+
+def tolerance(device: str, precision: str) -> tuple[float, float]:
+    backend = device.split(":", 1)[0]
+    per_device = TOLERANCES.get(precision, TOLERANCES["fp32"])
+    return per_device.get(backend, per_device["cuda"])
+
+
+def golden_mismatch(model: ModelLike, rtol: float, atol: float) -> str | None:
+    """Run the package's golden inputs; None if every output matches, else the reason."""
+    manifest = getattr(model, "manifest", None)
+    golden = load_golden(model.package_dir, manifest)
+    if not golden:
+        return "the package has no golden data to verify against"
+    for batch, (ins, want) in sorted(golden.items()):
+        got = model.predict(ins)
+        for name, expected in want.items():
+            if name not in got:
+                return f"golden batch {batch}: output {name!r} is missing from the model's outputs"
+            reason = compare_output(np.asarray(got[name]), expected, rtol, atol)
+            if reason:
+                return f"golden batch {batch}, output {name!r}: {reason}"
+    return None
+
+
+def compare_output(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str | None:
+    if got.shape != want.shape:
+        return f"shape {got.shape} differs from TensorFlow's {want.shape}"
+    if want.dtype.kind not in "fc":
+        if not np.array_equal(got, want):
+            return f"values differ from TensorFlow's ({int(np.sum(got != want))} elements, exact match expected)"
+        return None
+    g, w = got.astype(np.float64), want.astype(np.float64)
+    ok = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
+    if ok.all():
+        return None
+    err = np.where(ok, 0.0, np.abs(g - w))
+    err = np.where(np.isnan(err), np.inf, err)
+    idx = np.unravel_index(int(np.argmax(err)), err.shape)
+    return (
+        f"differs from TensorFlow beyond rtol={rtol:g} atol={atol:g}: {int((~ok).sum())} of {ok.size} elements, "
+        f"worst at {tuple(int(i) for i in idx)}: got {g[idx]:.6g}, expected {w[idx]:.6g}"
+    )
+
+
+def _load(package_dir: Any, config: ServingConfig) -> ModelLike:
+    from kubetrt.runtime import load_model
+
+    if config.engine_key is None:
+        return load_model(package_dir, config.device)
+    params = inspect.signature(load_model).parameters
+    if "engine_key" in params:
+        return load_model(package_dir, config.device, engine_key=config.engine_key)
+    return load_model(package_dir, config.device, engine_dir=Path(package_dir) / "engines" / config.engine_key)
+
+
+def _batchable(model: ModelLike) -> bool:
+    """Merge requests only if every input and output has a dynamic dim 0 (the batch dim)."""
+    return all(len(t.shape) > 0 and t.shape[0] == -1 for t in [*model.inputs, *model.outputs])
+
+
+def _version_key(v: str) -> tuple[int, Any]:
+    return (1, int(v)) if v.isdigit() else (0, v)
+
+
+class ServedModel:
+    """One model version behind one batcher, with its readiness and metrics."""
+
+    def __init__(
+        self,
+        name: str,
+        version: str,
+        config: ServingConfig,
+        metrics: ModelMetrics,
+        package_dir: str | os.PathLike[str] | None = None,
+        model: ModelLike | None = None,
+    ) -> None:
+        self.name, self.version = name, version
+        self.config = config
+        self.metrics = metrics
+        self.package_dir = package_dir
+        self.model = model
+        self.state = State.LOADING
+        self.reason = "loading"
+        self.signature = ""
+        self.inputs: list[TensorSpec] = []
+        self.outputs: list[TensorSpec] = []
+        self.device = config.device
+        self.batcher: Batcher | None = None
+        if model is not None:
+            self._describe(model)
+        elif package_dir is not None:
+            m = read_manifest(package_dir)
+            self.signature, self.inputs, self.outputs = m.signature, list(m.inputs), list(m.outputs)
+
+    def _describe(self, model: ModelLike) -> None:
+        self.inputs, self.outputs = list(model.inputs), list(model.outputs)
+        self.device = str(getattr(model, "device", self.config.device))
+        manifest = getattr(model, "manifest", None)
+        self.signature = getattr(manifest, "signature", "") or self.signature
+
+    @property
+    def ready(self) -> bool:
+        return self.state is State.READY
+
+    def load(self) -> None:
+        """Blocking: load (if given a package), verify against golden data, start the batcher."""
+        t0 = time.monotonic()
+        try:
+            if self.model is None:
+                self.model = _load(self.package_dir, self.config)
+                self._describe(self.model)
+            if self.config.golden_check:
+                precision = str(getattr(self.model, "precision", "fp32") or "fp32")
+                rtol, atol = tolerance(self.device, precision)
+                reason = golden_mismatch(self.model, rtol, atol)
+                if reason is not None:
+                    self._fail(f"golden check failed on device {self.device}: {reason}")
+                    return
+        except Exception as e:  # noqa: BLE001 - a broken package keeps its model unready, not the server down
+            self._fail(f"load failed: {type(e).__name__}: {e}")
+            return
+        self.batcher = Batcher(
+            self.model.predict,
+            self.config.batcher,
+            batchable=_batchable(self.model),
+            observer=self.metrics,
+            name=self.name,
+        ).start()
+        self.state, self.reason = State.READY, "ready"
+        self.metrics.ready.set(1)
+        log(logger, logging.INFO, "model ready", model=self.name, version=self.version, device=self.device,
+            seconds=round(time.monotonic() - t0, 3), batchable=self.batcher.batchable)
+
+    def _fail(self, reason: str) -> None:
+        self.state, self.reason = State.FAILED, reason
+        self.metrics.ready.set(0)
+        log(logger, logging.WARNING, "model not ready", model=self.name, version=self.version, reason=reason)
+
+    async def infer(self, feeds: Mapping[str, np.ndarray], timeout_s: float | None = None) -> dict[str, np.ndarray]:
+        """Validate (before queueing, so a bad request never reaches a batch), then batch and run."""
+        if self.state is not State.READY or self.batcher is None or self.model is None:
+            raise Unavailable(f"model {self.name} version {self.version} is not ready: {self.reason}")
+        try:
+            feeds = self.model.validate_inputs(feeds)
+        except ValueError as e:
+            raise BadRequest(str(e)) from None
+        for name, a in feeds.items():
+            if a.ndim > 0 and a.shape[0] == 0:
+                raise BadRequest(f"input {name!r}: batch dimension is 0; send at least one row")
+        timeout = self.config.request_timeout_s if timeout_s is None else min(timeout_s, self.config.request_timeout_s)
+        try:
+            return await self.batcher.submit(feeds, deadline=time.monotonic() + timeout)
+        except QueueFull as e:
+            raise Unavailable(str(e), retry_after_s=1) from None
+        except BatcherClosed as e:
+            raise Unavailable(str(e), retry_after_s=5) from None
+        except DeadlineExceeded:
+            raise Timeout(f"model {self.name}: no result within the request deadline ({timeout:g} s)") from None
+        except BatchComputeError as e:
+            raise ComputeFailed(str(e)) from None
+
+    def close(self) -> None:
+        if self.batcher is not None:
+            self.batcher.close()
+
+
+class ModelRegistry:
+    """Served models by name and version; the newest version answers unversioned routes."""
+
+    def __init__(self, config: ServingConfig, metrics: ServingMetrics) -> None:
+        self.config = config
+        self.metrics = metrics
+        self._models: dict[str, dict[str, ServedModel]] = {}
+
+    def _add(self, served: ServedModel) -> ServedModel:
+        versions = self._models.setdefault(served.name, {})
+        if served.version in versions:
+            raise ValueError(f"model {served.name} version {served.version} is given twice")
+        versions[served.version] = served
+        return served
+
+    def add_package(self, package_dir: str | os.PathLike[str]) -> ServedModel:
+        m = read_manifest(package_dir)
+        return self._add(ServedModel(m.name, m.version, self.config, self.metrics.for_model(m.name),
+                                     package_dir=Path(package_dir)))
+
+    def add_model(self, model: ModelLike) -> ServedModel:
+        return self._add(ServedModel(model.name, str(model.version), self.config,
+                                     self.metrics.for_model(model.name), model=model))
+
+    def all(self) -> list[ServedModel]:
+        return [s for versions in self._models.values() for s in versions.values()]
+
+    def get(self, name: str, version: str | None = None) -> ServedModel:
+        versions = self._models.get(name)
+        if not versions:
+            raise NotFound(f"unknown model {name!r}; this server has {sorted(self._models)}")
+        if version is None:
+            return versions[max(versions, key=_version_key)]
+        served = versions.get(version)
+        if served is None:
+            raise NotFound(f"model {name!r} has no version {version!r}; it has {sorted(versions, key=_version_key)}")
+        return served
+
+    @property
+    def ready(self) -> bool:
+        models = self.all()
+        return bool(models) and all(s.ready for s in models)
+
+    def not_ready_reasons(self) -> list[str]:
+        return [f"model {s.name} version {s.version}: {s.reason}" for s in self.all() if not s.ready]
+
+    async def load_all(self) -> None:
+        """Load models one after another off the event loop (parallel loads would fight for cores)."""
+        for served in self.all():
+            if served.state is State.LOADING:
+                await asyncio.to_thread(served.load)
+
+    def close(self) -> None:
+        for served in self.all():
+            served.close()
+
+
+def timeout_from_params(params: Mapping[str, Any]) -> float | None:
+    """OIP request parameter `timeout` (microseconds, as Triton spells it) -> seconds."""
+    t = params.get("timeout")
+    if t is None:
+        return None
+    if not isinstance(t, (int, float)) or isinstance(t, bool) or not math.isfinite(t) or t <= 0:
+        raise BadRequest(f"parameter timeout must be a positive number of microseconds, got {t!r}")
+    return float(t) * 1e-6

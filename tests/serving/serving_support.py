@@ -1,0 +1,111 @@
+"""Serving test support: a live uvicorn server in a thread, input makers, model doubles.
+
+`LiveServer` runs uvicorn in a thread (signal handling is exercised by the subprocess shutdown
+tests). Model doubles are real runtime models with a hook at the compute boundary (counting,
+gating, perturbing), never reimplementations.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any, Mapping
+
+import httpx
+import numpy as np
+import uvicorn
+MAX_BODY = 1 << 20  # the session server's --max-body-bytes
+
+
+class LiveServer:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="on",
+                           timeout_graceful_shutdown=5)
+        )
+        self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
+
+    def __enter__(self) -> "LiveServer":
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("uvicorn did not start")
+            time.sleep(0.01)
+        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self.host = f"127.0.0.1:{port}"
+        self.url = f"http://{self.host}"
+        return self
+
+    def wait_ready(self, timeout: float = 60.0) -> "LiveServer":
+        deadline = time.monotonic() + timeout
+        with httpx.Client(base_url=self.url) as c:
+            while time.monotonic() < deadline:
+                if c.get("/v2/health/ready").status_code == 200:
+                    return self
+                time.sleep(0.02)
+        raise RuntimeError(f"server not ready: {httpx.get(self.url + '/v2/health/ready').text}")
+
+    def __exit__(self, *exc: Any) -> None:
+        self.server.should_exit = True
+        self.thread.join(30)
+
+    @property
+    def registry(self):
+        return self.app.state.registry
+
+
+def cnn_input(rows: int = 1, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).random((rows, 32, 32, 3), dtype=np.float32)
+
+
+def two_inputs(rows: int = 2, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {
+        "features": rng.normal(size=(rows, 8)).astype(np.float32),
+        "ids": rng.integers(0, 16, size=(rows, 2, 3)).astype(np.int32),
+    }
+
+
+class ModelDouble:
+    """A real model with a hook at the compute boundary: subclasses override `predict`."""
+
+    def __init__(self, model: Any) -> None:
+        self._model = model
+        self.name, self.version = model.name, model.version
+        self.inputs, self.outputs = model.inputs, model.outputs
+        self.device, self.package_dir, self.manifest = model.device, model.package_dir, model.manifest
+
+    def validate_inputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._model.validate_inputs(feeds)
+
+    def predict(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return self._model.predict(feeds)
+
+
+class CountingModel(ModelDouble):
+    """Records the batch size of every runtime call."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.calls: list[int] = []
+
+    def predict(self, feeds):
+        self.calls.append(next(iter(feeds.values())).shape[0])
+        return super().predict(feeds)
+
+
+class GatedModel(CountingModel):
+    """Blocks every runtime call while the gate is closed (once armed): makes queues fill on cue."""
+
+    def __init__(self, model: Any) -> None:
+        super().__init__(model)
+        self.armed = False
+        self.gate = threading.Event()
+        self.entered = threading.Event()
+
+    def predict(self, feeds):
+        if self.armed:
+            self.entered.set()
+            assert self.gate.wait(30), "test never opened the gate"
+        return super().predict(feeds)

@@ -1,0 +1,98 @@
+"""Open Inference Protocol over a live server, spoken by tritonclient (a client we did not write)."""
+from __future__ import annotations
+
+import httpx
+import numpy as np
+import pytest
+import tritonclient.http as triton
+
+from serving_support import cnn_input, two_inputs
+
+
+@pytest.fixture
+def tc(server):
+    c = triton.InferenceServerClient(server.host, network_timeout=30)
+    yield c
+    c.close()
+
+
+def test_health_and_server_metadata(tc):
+    assert tc.is_server_live()
+    assert tc.is_server_ready()
+    assert tc.get_server_metadata()["extensions"] == ["binary_tensor_data"]
+
+
+def test_model_ready_and_metadata(tc):
+    assert tc.is_model_ready("small_cnn")
+    assert tc.is_model_ready("small_cnn", model_version="1")
+    assert not tc.is_model_ready("no_such_model")
+    md = tc.get_model_metadata("small_cnn")
+    assert md["name"] == "small_cnn" and md["versions"] == ["1"] and md["ready"] is True
+    assert md["inputs"] == [{"name": "image", "datatype": "FP32", "shape": [-1, 32, 32, 3]}]
+    assert md["outputs"] == [{"name": "output_0", "datatype": "FP32", "shape": [-1, 10]}]
+    md2 = tc.get_model_metadata("two_in_two_out", model_version="1")
+    assert [(t["name"], t["datatype"]) for t in md2["inputs"]] == [("features", "FP32"), ("ids", "INT32")]
+
+
+@pytest.mark.parametrize("binary", [False, True], ids=["json", "binary"])
+def test_infer_small_cnn_matches_runtime(tc, cnn_model, binary):
+    x = cnn_input(3, seed=1)
+    inp = triton.InferInput("image", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=binary)
+    out = triton.InferRequestedOutput("output_0", binary_data=binary)
+    result = tc.infer("small_cnn", [inp], outputs=[out], request_id="req-42")
+    assert result.get_response()["id"] == "req-42"
+    got = result.as_numpy("output_0")
+    assert got.dtype == np.float32
+    np.testing.assert_allclose(got, cnn_model.predict({"image": x})["output_0"], rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("binary_in,binary_out", [(False, False), (True, True), (True, False), (False, True)])
+def test_infer_two_inputs_two_outputs(tc, two_model, binary_in, binary_out):
+    feeds = two_inputs(4, seed=2)
+    inputs = []
+    for name, dt in (("features", "FP32"), ("ids", "INT32")):
+        i = triton.InferInput(name, list(feeds[name].shape), dt)
+        i.set_data_from_numpy(feeds[name], binary_data=binary_in)
+        inputs.append(i)
+    outputs = [triton.InferRequestedOutput(n, binary_data=binary_out) for n in ("score", "logits")]
+    result = tc.infer("two_in_two_out", inputs, outputs=outputs, model_version="1")
+    want = two_model.predict(feeds)
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["score", "logits"]
+    for name in ("logits", "score"):
+        np.testing.assert_allclose(result.as_numpy(name), want[name], rtol=1e-6, atol=1e-7)
+
+
+def test_requested_output_subset(tc, two_model):
+    feeds = two_inputs(2, seed=3)
+    inputs = []
+    for name, dt in (("features", "FP32"), ("ids", "INT32")):
+        i = triton.InferInput(name, list(feeds[name].shape), dt)
+        i.set_data_from_numpy(feeds[name])
+        inputs.append(i)
+    result = tc.infer("two_in_two_out", inputs, outputs=[triton.InferRequestedOutput("score")])
+    assert [o["name"] for o in result.get_response()["outputs"]] == ["score"]
+    assert result.as_numpy("logits") is None
+    np.testing.assert_allclose(result.as_numpy("score"), two_model.predict(feeds)["score"], rtol=1e-6)
+
+
+def test_nested_json_data_and_binary_data_output_parameter(client, cnn_model):
+    x = cnn_input(1, seed=4)
+    body = {
+        "inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 32, 32, 3], "data": x.tolist()}],
+        "parameters": {"binary_data_output": True},
+    }
+    r = client.post("/v2/models/small_cnn/versions/1/infer", json=body)
+    assert r.status_code == 200
+    n = int(r.headers["inference-header-content-length"])
+    header = httpx.Response(200, content=r.content[:n]).json()
+    assert header["outputs"][0]["parameters"]["binary_data_size"] == 40
+    got = np.frombuffer(r.content[n:], "<f4").reshape(1, 10)
+    np.testing.assert_allclose(got, cnn_model.predict({"image": x})["output_0"], rtol=1e-6)
+
+
+def test_unknown_version_is_404(client):
+    r = client.get("/v2/models/small_cnn/versions/7")
+    assert r.status_code == 404 and "no version '7'" in r.json()["error"]
+    r = client.post("/v2/models/small_cnn/versions/7/infer", json={"inputs": []})
+    assert r.status_code == 404

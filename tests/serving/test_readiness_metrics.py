@@ -1,0 +1,114 @@
+"""Readiness gated on the golden check, and the Prometheus metrics it and inference produce."""
+from __future__ import annotations
+
+import httpx
+import numpy as np
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubetrt.serving.app import create_app
+from kubetrt.serving.registry import ServingConfig, compare_output, tolerance
+from serving_support import LiveServer, ModelDouble, cnn_input
+
+
+class DriftingModel(ModelDouble):
+    """Outputs off by 1e-3: what a miscompiled engine looks like to the golden check."""
+
+    def predict(self, feeds):
+        return {k: v + np.float32(1e-3) for k, v in super().predict(feeds).items()}
+
+
+def test_golden_mismatch_keeps_model_unready_and_says_why(cnn_model):
+    with LiveServer(create_app(models=[DriftingModel(cnn_model)])) as live, \
+            httpx.Client(base_url=live.url, timeout=30) as c:
+        live.registry.get("small_cnn")  # registered...
+        import time
+
+        deadline = time.monotonic() + 30
+        while c.get("/v2/models/small_cnn").json()["state"] == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        md = c.get("/v2/models/small_cnn").json()
+        assert md["ready"] is False and md["state"] == "failed"
+        assert "golden check failed" in md["reason"] and "output_0" in md["reason"] and "rtol=0.0001" in md["reason"]
+        r = c.get("/v2/models/small_cnn/ready")
+        assert r.status_code == 503 and "golden" in r.json()["error"]
+        r = c.get("/v2/health/ready")
+        assert r.status_code == 503 and "small_cnn" in r.json()["error"]
+        assert c.get("/v2/health/live").status_code == 200
+        x = cnn_input(1)
+        r = c.post("/v2/models/small_cnn/infer",
+                   json={"inputs": [{"name": "image", "datatype": "FP32", "shape": [1, 32, 32, 3], "data": x.ravel().tolist()}]})
+        assert r.status_code == 503 and "not ready" in r.json()["error"]
+        status = c.get("/v1/models/small_cnn").json()["model_version_status"][0]
+        assert status["state"] == "END" and "golden" in status["status"]["error_message"]
+        assert 'kubetrt_model_ready{model="small_cnn"} 0.0' in c.get("/metrics").text
+
+
+def test_broken_package_is_unready_not_fatal(tmp_path, cnn_package):
+    import shutil
+
+    pkg = tmp_path / "pkg"
+    shutil.copytree(cnn_package, pkg)
+    (pkg / "model.onnx").write_bytes(b"not onnx")  # digest mismatch: the runtime refuses it
+    with LiveServer(create_app([pkg])) as live, httpx.Client(base_url=live.url, timeout=30) as c:
+        import time
+
+        deadline = time.monotonic() + 30
+        while (md := c.get("/v2/models/small_cnn").json())["state"] == "loading":
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        assert md["state"] == "failed" and "load failed" in md["reason"] and "model.onnx" in md["reason"]
+        assert c.get("/v2/health/ready").status_code == 503
+
+
+def test_tolerances_by_device_and_precision():
+    assert tolerance("host", "fp32") == (1e-4, 1e-4)
+    assert tolerance("cuda:0", "fp32")[0] > 1e-4
+    assert tolerance("tensorrt", "fp16")[0] >= 1e-2
+    want = np.array([[1.0, 2.0]], np.float32)
+    assert compare_output(want + 5e-5, want, 1e-4, 1e-4) is None
+    reason = compare_output(want + np.array([[0, 1e-2]], np.float32), want, 1e-4, 1e-4)
+    assert "1 of 2 elements" in reason and "(0, 1)" in reason
+    assert "shape" in compare_output(want[0], want, 1e-4, 1e-4)
+    assert compare_output(np.array([1, 2]), np.array([1, 3]), 1e-4, 1e-4) is not None
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[(s.name, tuple(sorted(s.labels.items())))] = s.value
+    return out
+
+
+def test_metrics_count_outcomes_durations_and_batches(server, client):
+    before = samples(client.get("/metrics").text)
+    x = cnn_input(2)
+    body = {"inputs": [{"name": "image", "datatype": "FP32", "shape": [2, 32, 32, 3], "data": x.ravel().tolist()}]}
+    assert client.post("/v2/models/small_cnn/infer", json=body).status_code == 200
+    assert client.post("/v1/models/small_cnn:predict", json={"instances": x.tolist()}).status_code == 200
+    assert client.post("/v2/models/small_cnn/infer", json={"inputs": "nope"}).status_code == 400
+    assert client.post("/v2/models/missing/infer", json=body).status_code == 404
+    r = client.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    after = samples(r.text)
+
+    def delta(name, **labels):
+        key = (name, tuple(sorted(labels.items())))
+        return after.get(key, 0.0) - before.get(key, 0.0)
+
+    m = "small_cnn"
+    assert delta("kubetrt_inference_requests_total", model=m, outcome="success") == 2
+    assert delta("kubetrt_inference_requests_total", model=m, outcome="bad_request") == 1
+    assert delta("kubetrt_inference_requests_total", model="_unknown", outcome="not_found") == 1
+    assert delta("kubetrt_request_duration_seconds_count", model=m) == 3
+    assert delta("kubetrt_queue_duration_seconds_count", model=m) == 2
+    assert delta("kubetrt_compute_duration_seconds_count", model=m) == 2
+    assert delta("kubetrt_batch_size_sum", model=m) == 4  # two batches of 2 rows
+    assert after[("kubetrt_inflight_requests", (("model", m),))] == 0
+    assert after[("kubetrt_model_ready", (("model", "two_in_two_out"),))] == 1
+
+
+def test_two_apps_have_separate_registries(cnn_model):
+    a, b = create_app(config=ServingConfig(), models=[cnn_model]), create_app(models=[cnn_model])
+    assert a.state.metrics.registry is not b.state.metrics.registry
