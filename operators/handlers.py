@@ -1,8 +1,10 @@
 """kopf handlers: thin triggers around operators/sync.py.
 
 Run: ``kopf run --all-namespaces --peering=kubetrt -m kubetrt.operators.handlers``.
-Every trigger (the object's own changes, its children's events, a resync timer) calls the same
-idempotent sync function, so a missed event only delays convergence until the next trigger.
+Every trigger (the object's own changes, its children's events, operator restarts via on.resume)
+calls the same idempotent sync function, so a missed event only delays convergence until the next
+trigger. No kopf timers: they force a finalizer onto every ModelDeployment, which blocks deletion
+(and its ownerReference cascade) whenever the operator is down or uninstalled first.
 """
 from __future__ import annotations
 
@@ -43,9 +45,8 @@ def _owner(meta: Mapping[str, Any], kind: str) -> str | None:
     return None
 
 
-def register(registry: kopf.OperatorRegistry, resync_seconds: float | None = None) -> None:
+def register(registry: kopf.OperatorRegistry) -> None:
     """Register the handlers into ``registry`` (the default one on import; tests use their own)."""
-    resync = resync_seconds if resync_seconds is not None else OperatorConfig.from_env().resync_seconds
 
     @kopf.on.startup(registry=registry)
     def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -57,15 +58,11 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float | None = Non
         if "kube" not in memo:
             memo.kube = KubeClient.from_environment()
 
-    # ModelDeployment: its own lifecycle and a periodic resync.
+    # ModelDeployment: its own lifecycle.
     @kopf.on.resume(*MD, registry=registry)
     @kopf.on.create(*MD, registry=registry)
     @kopf.on.update(*MD, field="spec", registry=registry)
     def model_deployment_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        sync.sync_model_deployment(memo.kube, memo.config, namespace, name)
-
-    @kopf.timer(*MD, interval=resync, initial_delay=resync, idle=resync, registry=registry)
-    def model_deployment_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
         sync.sync_model_deployment(memo.kube, memo.config, namespace, name)
 
     # EngineBuild: ensure its Job; every change of it (status included) re-syncs its ModelDeployment.
@@ -77,11 +74,6 @@ def register(registry: kopf.OperatorRegistry, resync_seconds: float | None = Non
         owner = body.get("spec", {}).get("modelDeployment", {}).get("name") or _owner(body.meta, "ModelDeployment")
         if owner:
             sync.sync_model_deployment(memo.kube, memo.config, namespace, owner)
-
-    @kopf.timer(*EB, interval=resync, initial_delay=resync, idle=resync, registry=registry,
-                when=lambda status, **_: status.get("phase") not in ("Succeeded", "Failed"))
-    def engine_build_resync(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        sync.sync_engine_build(memo.kube, memo.config, namespace, name)
 
     # Children: build Jobs move their EngineBuild; serving Deployments move their ModelDeployment.
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, registry=registry)

@@ -38,7 +38,6 @@ class OperatorConfig:
     builder_image: str = "ghcr.io/kubetrt/builder:0.1.0"
     pull_policy: str = "IfNotPresent"
     job_ttl_seconds: int = 86400
-    resync_seconds: float = 60.0
     cluster_domain: str = "cluster.local"
 
     @classmethod
@@ -50,7 +49,6 @@ class OperatorConfig:
             builder_image=env.get("KUBETRT_BUILDER_IMAGE", d.builder_image),
             pull_policy=env.get("KUBETRT_IMAGE_PULL_POLICY", d.pull_policy),
             job_ttl_seconds=int(env.get("KUBETRT_JOB_TTL_SECONDS", d.job_ttl_seconds)),
-            resync_seconds=float(env.get("KUBETRT_RESYNC_SECONDS", d.resync_seconds)),
             cluster_domain=env.get("KUBETRT_CLUSTER_DOMAIN", d.cluster_domain),
         )
 

@@ -1,7 +1,7 @@
 """Read observed state, plan (reconcile.py), apply the plan through the adapter (kube.py).
 
 Each function reconciles one object completely and can be called from any trigger (its own
-event, a child's event, a resync timer); a per-object lock keeps concurrent triggers in order.
+event, a child's event, an operator restart); a per-object lock keeps concurrent triggers in order.
 """
 from __future__ import annotations
 

@@ -7,7 +7,6 @@ renamed into place only when complete; an interrupted lowering leaves nothing be
 """
 from __future__ import annotations
 
-import contextlib
 import datetime
 import importlib.metadata
 import logging
@@ -38,6 +37,7 @@ from kubetrt.runtime.package import (
 logger = logging.getLogger("kubetrt.pipeline.lower")
 
 DEFAULT_OPSET = 17
+MIN_OPSET = 13  # below 13 tf2onnx falls back to different op forms that the runtime does not target
 GOLDEN_BATCH_SIZES: tuple[int, ...] = (1, 4)
 # onnxruntime must match TensorFlow elementwise within ATOL + RTOL * |tf| (floats); ints exactly.
 ATOL = 1e-4
@@ -82,6 +82,7 @@ def lower(
     with step(f"ingesting {savedmodel}"):
         info = ingest(savedmodel, signature)
     tails = golden_shapes(info, shapes or {})
+    check_opset(opset)
     try:
         with staged_dir(out) as tmp:
             manifest = _lower_into(tmp, info, tails, name=name, version=version, seed=seed, opset=opset)
@@ -133,6 +134,17 @@ def _check_override(where: str, spec: TensorSpec, override: tuple[int, ...]) -> 
     return override[1:]
 
 
+def check_opset(opset: int) -> None:
+    """Refuse an opset tf2onnx cannot emit before spending time on the conversion."""
+    tensorflow()  # tf2onnx imports TensorFlow: keep it quiet
+    from tf2onnx import constants
+
+    highest = max(constants.OPSET_TO_IR_VERSION)
+    if not MIN_OPSET <= opset <= highest:
+        raise LowerError(f"ONNX opset {opset} is not supported; expected {MIN_OPSET}..{highest} "
+                         f"(tf2onnx {_version('tf2onnx')}; default {DEFAULT_OPSET})")
+
+
 def _check_name(what: str, value: str) -> str:
     if not _NAME.fullmatch(value):
         raise LowerError(f"{what} {value!r}: expected 1-128 letters, digits, '.', '_' or '-', "
@@ -144,7 +156,7 @@ def _lower_into(tmp: Path, info: SavedModelInfo, tails: dict[str, tuple[int, ...
                 version: str, seed: int, opset: int) -> Manifest:
     tf = tensorflow()
     with step("loading SavedModel"):
-        loaded = tf.saved_model.load(str(info.path), tags=[SERVE_TAG])
+        loaded = tf.saved_model.load(str(info.path), tags=[SERVE_TAG])  # keeps fn's variables alive
         fn = loaded.signatures[info.signature]
     with step("recording TensorFlow golden outputs"):
         batches = record_golden(fn, info, tails, seed)
@@ -156,8 +168,14 @@ def _lower_into(tmp: Path, info: SavedModelInfo, tails: dict[str, tuple[int, ...
         check_model(model, info)
         (tmp / MODEL_ONNX).write_bytes(model.SerializeToString())
         result = check_onnxruntime(tmp / MODEL_ONNX, batches)
-    del loaded
-    manifest = Manifest(
+    manifest = _manifest(tmp, info, model, result, tails, name=name, version=version, seed=seed, opset=opset)
+    write_manifest(tmp, manifest)
+    return manifest
+
+
+def _manifest(tmp: Path, info: SavedModelInfo, model: Any, check: OnnxCheck, tails: dict[str, tuple[int, ...]],
+              *, name: str, version: str, seed: int, opset: int) -> Manifest:
+    return Manifest(
         name=name,
         version=version,
         signature=info.signature,
@@ -168,12 +186,10 @@ def _lower_into(tmp: Path, info: SavedModelInfo, tails: dict[str, tuple[int, ...
         provenance=provenance(info),
         onnx={"opset": opset, "ir_version": int(model.ir_version), "converter": "tf2onnx",
               "check": {"runtime": "onnxruntime", "atol": ATOL, "rtol": RTOL,
-                        "max_abs_diff": result.max_abs_diff, "worst": result.worst}},
+                        "max_abs_diff": check.max_abs_diff, "worst": check.worst}},
         golden={"batch_sizes": list(GOLDEN_BATCH_SIZES), "seed": seed,
                 "shapes": {k: [-1, *v] for k, v in sorted(tails.items())}},
     )
-    write_manifest(tmp, manifest)
-    return manifest
 
 
 # --------------------------------------------------------------------------- golden data
@@ -444,15 +460,15 @@ def provenance(info: SavedModelInfo) -> dict[str, Any]:
         "onnx": onnx.__version__,
         "onnxruntime": onnxruntime.__version__,
         "numpy": np.__version__,
-        "kubetrt": _kubetrt_version(),
+        "kubetrt": _version("kubetrt"),
         "python": platform.python_version(),
         "savedmodel_tensorflow": info.tensorflow_version,
         "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
 
 
-def _kubetrt_version() -> str:
+def _version(distribution: str) -> str:
     try:
-        return importlib.metadata.version("kubetrt")
+        return importlib.metadata.version(distribution)
     except importlib.metadata.PackageNotFoundError:
         return "unknown"

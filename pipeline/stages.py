@@ -158,15 +158,20 @@ def build_stage(package_dir: str | os.PathLike[str], target: Target | str, store
 
 def load_with_engine(package_dir: str | os.PathLike[str], engine_dir: str | os.PathLike[str], target: Target, key: str, workdir: str | os.PathLike[str]) -> Any:
     """Load the package with this engine the way serving will: engine under engines/<key>/, digests listed."""
+    entry = {"backend": target.backend, "target": target.to_json(), "spec": target.spec()}
+    assembled = assemble_package(package_dir, {key: (Path(engine_dir), entry)}, Path(workdir) / "package")
+    return load_packaged_engine(assembled, target.backend, key)
+
+
+def load_packaged_engine(package_dir: str | os.PathLike[str], device: str, key: str) -> Any:
+    """load_model on a package holding engines/<key>/, digest-checking everything listed."""
     import inspect
 
     from kubetrt.runtime import load_model
 
-    entry = {"backend": target.backend, "target": target.to_json(), "spec": target.spec()}
-    assembled = assemble_package(package_dir, {key: (Path(engine_dir), entry)}, Path(workdir) / "package")
     if "engine_key" in inspect.signature(load_model).parameters:
-        return load_model(assembled, device=target.backend, engine_key=key, verify=True)
-    return load_model(assembled, device=target.backend, engine_dir=assembled / "engines" / key, verify=True)
+        return load_model(package_dir, device=device, engine_key=key, verify=True)
+    return load_model(package_dir, device=device, engine_dir=Path(package_dir) / "engines" / key, verify=True)
 
 
 def verify_stage(package_dir: str | os.PathLike[str], engine_dir: str | os.PathLike[str], target: Target, key: str | None = None) -> dict[str, Any]:

@@ -21,7 +21,6 @@ import hashlib
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +36,7 @@ from kubetrt.runtime.package import (
     read_manifest,
     sha256_file,
     staged_dir,
+    write_manifest,
 )
 
 REPORT = "report.json"
@@ -427,11 +427,5 @@ def assemble_package(package_dir: str | os.PathLike[str], engines: dict[str, tup
             for rel, digest in files.items():
                 manifest.files[f"{ENGINES}/{key}/{rel}"] = digest
             manifest.engines.append(dict(entry, key=key, path=f"{ENGINES}/{key}"))
-        from kubetrt.runtime.package import write_manifest
-
         write_manifest(tmp, manifest)
     return dest
-
-
-def scratch_dir(prefix: str = "kubetrt-") -> Path:
-    return Path(tempfile.mkdtemp(prefix=prefix))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 import os
 import time
@@ -73,8 +74,6 @@ def create_app(
 
 
 def _json(doc: Any, status: int = 200) -> Response:
-    import json
-
     return Response(json.dumps(doc, separators=(",", ":")), status_code=status, media_type=JSON)
 
 
@@ -169,10 +168,9 @@ def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig
             raise Unavailable(f"model {s.name} version {s.version} is not ready: {s.reason}")
         return _json({"name": s.name, "ready": True})
 
-    @app.post("/v2/models/{name}/infer")
-    @app.post("/v2/models/{name}/versions/{version}/infer")
-    async def infer(request: Request, name: str, version: str | None = None) -> Response:
-        served = _lookup(registry, name, version)
+    async def infer(request: Request) -> Response:
+        p = request.path_params
+        served = _lookup(registry, p["name"], p.get("version"))
 
         async def handle() -> Response:
             body = await read_body(request, config.max_body_bytes)
@@ -188,6 +186,10 @@ def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig
             )
 
         return await tracked(served, handle)
+
+    # Plain Starlette routes: the hot path skips FastAPI's per-request dependency solving.
+    app.add_route("/v2/models/{name}/infer", infer, methods=["POST"])
+    app.add_route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"])
 
 
 def _header_length(request: Request) -> int | None:
@@ -214,10 +216,9 @@ def _add_tfserving_routes(app: FastAPI, registry: ModelRegistry, config: Serving
         s = registry.get(name, version)
         return _json(tfserving.model_metadata(s.name, s.version, s.signature, s.inputs, s.outputs))
 
-    @app.post("/v1/models/{name}:predict")
-    @app.post("/v1/models/{name}/versions/{version}:predict")
-    async def tf_predict(request: Request, name: str, version: str | None = None) -> Response:
-        served = _lookup(registry, name, version)
+    async def tf_predict(request: Request) -> Response:
+        p = request.path_params
+        served = _lookup(registry, p["name"], p.get("version"))
 
         async def handle() -> Response:
             body = await read_body(request, config.max_body_bytes)
@@ -226,6 +227,9 @@ def _add_tfserving_routes(app: FastAPI, registry: ModelRegistry, config: Serving
             return Response(tfserving.encode_predict(results, served.outputs, columnar), media_type=JSON)
 
         return await tracked(served, handle)
+
+    app.add_route("/v1/models/{name}:predict", tf_predict, methods=["POST"])
+    app.add_route("/v1/models/{name}/versions/{version}:predict", tf_predict, methods=["POST"])
 
 
 def _install_error_handlers(app: FastAPI) -> None:

@@ -15,7 +15,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol, Sequence
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
@@ -128,6 +128,12 @@ def _load(package_dir: Any, config: ServingConfig) -> ModelLike:
     return load_model(package_dir, config.device, engine_dir=Path(package_dir) / "engines" / config.engine_key)
 
 
+def _precision(model: ModelLike) -> str:
+    """The engine's precision (fp32 / fp16 / int8); host models compiled from ONNX are fp32."""
+    engine = getattr(model, "engine", None) or {}
+    return str(getattr(model, "precision", None) or engine.get("precision") or "fp32")
+
+
 def _batchable(model: ModelLike) -> bool:
     """Merge requests only if every input and output has a dynamic dim 0 (the batch dim)."""
     return all(len(t.shape) > 0 and t.shape[0] == -1 for t in [*model.inputs, *model.outputs])
@@ -185,7 +191,7 @@ class ServedModel:
                 self.model = _load(self.package_dir, self.config)
                 self._describe(self.model)
             if self.config.golden_check:
-                precision = str(getattr(self.model, "precision", "fp32") or "fp32")
+                precision = _precision(self.model)
                 rtol, atol = tolerance(self.device, precision)
                 reason = golden_mismatch(self.model, rtol, atol)
                 if reason is not None:

@@ -75,6 +75,9 @@ def array_from_json(data: Any, dtype: np.dtype, what: str) -> np.ndarray:
             raise BadRequest(f"{what}: datatype BOOL needs true/false values, got {_describe(arr)}")
         return arr
     if dtype.kind in "iu":
+        if kind in "fO" and dtype == np.uint64:
+            arr = _uint64(data, arr)  # ints above int64's range are inferred as float/object
+            kind = arr.dtype.kind
         if kind not in "iub":
             raise BadRequest(f"{what}: datatype {oip_datatype(dtype)} needs integers, got {_describe(arr)}")
         info = np.iinfo(dtype)
@@ -143,3 +146,17 @@ def _decode_bytes(v: Any) -> Any:
     if isinstance(v, (bytes, bytearray)):
         return v.decode("utf-8", errors="replace")
     return v
+
+
+def _uint64(data: Any, inferred: np.ndarray) -> np.ndarray:
+    """Exact UINT64 values for JSON ints numpy could not infer as one integer type (rare path)."""
+    try:
+        objs = np.array(data, dtype=object)
+    except (ValueError, TypeError):
+        return inferred
+    flat = objs.ravel()
+    if not all(type(v) is int for v in flat):
+        return inferred
+    if any(v < 0 or v >= 2**64 for v in flat):
+        return inferred  # reported as out of range / not integers by the caller
+    return np.array(flat.tolist(), dtype=np.uint64).reshape(objs.shape)

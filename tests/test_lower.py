@@ -205,9 +205,26 @@ def test_bad_name_or_version(zoo, tmp_path: Path, kwargs: dict[str, str]) -> Non
         lower(zoo.savedmodel("mlp"), tmp_path / "pkg", **kwargs)
 
 
+@pytest.mark.parametrize("opset", [12, 99])
+def test_unsupported_opset_refused(zoo, tmp_path: Path, opset: int) -> None:
+    with pytest.raises(LowerError, match=rf"ONNX opset {opset} is not supported; expected 13\.\.\d+"):
+        lower(zoo.savedmodel("mlp"), tmp_path / "pkg", opset=opset)
+    assert not (tmp_path / "pkg").exists()
+
+
 def test_default_name_of_tf_serving_layout(tmp_path: Path) -> None:
     assert lower_mod.default_name(tmp_path / "resnet" / "3") == "resnet"
     assert lower_mod.default_name(tmp_path / "resnet") == "resnet"
+
+
+# --------------------------------------------------------------------------- zoo guard
+
+
+def test_zoo_refuses_slow_models_in_unmarked_tests(zoo) -> None:
+    with pytest.raises(pytest.UsageError, match=r"zoo model 'resnet50' takes tens of seconds.*mark the test @pytest.mark.slow"):
+        zoo.package("resnet50")
+    with pytest.raises(KeyError, match=r"no zoo model 'vgg'; available: mlp, small_cnn"):
+        zoo.savedmodel("vgg")
 
 
 # --------------------------------------------------------------------------- helpers

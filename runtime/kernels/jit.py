@@ -69,12 +69,8 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
     parts = min(THREADS, max(1, out.size // MIN_WORK_PER_THREAD))
     if parts <= 1:
         _depthwise(*args, 0, planes)
-        return out
-    from ..devices.host import shared_pool
+    else:
+        from .parallel import split_range
 
-    bounds = [planes * i // parts for i in range(parts + 1)]
-    futures = [shared_pool().submit(_depthwise, *args, lo_, hi_) for lo_, hi_ in zip(bounds[1:-1], bounds[2:])]
-    _depthwise(*args, bounds[0], bounds[1])
-    for f in futures:
-        f.result()
+        split_range(lambda lo, hi: _depthwise(*args, lo, hi), planes, parts)
     return out

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 from concurrent.futures import Future
+from typing import Callable
 
 import numpy as np
 
@@ -81,11 +82,25 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.matmul(a, b)
 
 
-def _split(work, extent: int, parts: int) -> None:  # type: ignore[no-untyped-def]
+def _split(work: Callable[[int, int], object], extent: int, parts: int) -> None:
+    """Run work(lo, hi) over `parts` slices of [0, extent): one here, the rest on the pool.
+
+    The caller may itself be a pool thread (a whole inference runs on the pool), so it must never
+    block on a task queued behind itself: a slice nobody has started yet is taken back and run
+    inline. Slices are leaf tasks, so this always makes progress.
+    """
     bounds = [extent * i // parts for i in range(parts + 1)]
     futures: list[Future] = [_pool().submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
     try:
         work(bounds[0], bounds[1])
     finally:
-        for f in futures:
-            f.result()
+        for f, lo, hi in zip(futures, bounds[1:-1], bounds[2:]):
+            if f.cancel():
+                work(lo, hi)
+            else:
+                f.result()
+
+
+def split_range(work: Callable[[int, int], object], extent: int, parts: int) -> None:
+    """Public form of the slice runner for other kernels (e.g. the JIT depthwise convolution)."""
+    _split(work, extent, max(1, min(parts, extent)))

@@ -53,7 +53,7 @@ async def operator(api: ApiServerEmulator, kube: KubeClient) -> AsyncIterator[ko
     loop it exits from); the emulated API server keeps serving in the test's loop.
     """
     registry = kopf.OperatorRegistry()
-    handlers.register(registry, resync_seconds=CONFIG.resync_seconds)
+    handlers.register(registry)
 
     @kopf.on.login(registry=registry)
     def login(**_: Any) -> kopf.ConnectionInfo:

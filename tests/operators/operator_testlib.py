@@ -82,7 +82,7 @@ class ApiServerEmulator(kmock.KubernetesEmulator):
                 if merged != _merge(copy.deepcopy(current.get("spec")), data["spec"]):
                     meta["generation"] = int(current.get("metadata", {}).get("generation", 1)) + 1
         response = await super()._handle(request)
-        if request.action == kmock.action.DELETE:
+        if request.action in (kmock.action.DELETE, kmock.action.UPDATE):  # UPDATE: finalizer removal
             await self._collect_garbage()
         return response
 
@@ -155,7 +155,7 @@ def _status(code: int, reason: str, message: str) -> aiohttp.web.StreamResponse:
 
 NS = "models"
 CONFIG = OperatorConfig(serving_image="registry.example/kubetrt/serving:test",
-                        builder_image="registry.example/kubetrt/builder:test", resync_seconds=0.5)
+                        builder_image="registry.example/kubetrt/builder:test")
 
 
 def md_body(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
@@ -176,7 +176,7 @@ def md_body(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
             "spec": spec}
 
 
-async def eventually(predicate: Any, timeout: float = 10.0, interval: float = 0.05) -> Any:
+async def eventually(predicate: Any, timeout: float = 10.0, interval: float = 0.05, describe: Any = None) -> Any:
     """Await until ``predicate()`` is truthy (returns it) or fail with the last value seen."""
     deadline = asyncio.get_running_loop().time() + timeout
     last: Any = None
@@ -188,4 +188,5 @@ async def eventually(predicate: Any, timeout: float = 10.0, interval: float = 0.
         if last:
             return last
         await asyncio.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s; last value: {last!r}")
+    detail = describe() if describe else last
+    raise AssertionError(f"condition not met within {timeout}s; last value: {detail!r}")

@@ -50,4 +50,6 @@ def run_kubetrt(model: onnx.ModelProto, feeds: dict[str, np.ndarray], executor: 
 
 
 def node(op: str, inputs: list[str], outputs: list[str] | None = None, **attrs: Any) -> onnx.NodeProto:
-    return helper.make_node(op, inputs, outputs or ["y"], name=f"{op.lower()}_0", **attrs)
+    """A node named after its op and first output (unique per graph, readable in errors)."""
+    outputs = outputs or ["y"]
+    return helper.make_node(op, inputs, outputs, name=f"{op.lower()}_{outputs[0]}", **attrs)

@@ -109,3 +109,49 @@ class GatedModel(CountingModel):
             self.entered.set()
             assert self.gate.wait(30), "test never opened the gate"
         return super().predict(feeds)
+
+
+class ServerProcess:
+    """A server in a subprocess (real signal handling); its URL is read from uvicorn's start line."""
+
+    def __init__(self, argv: list[str]) -> None:
+        import re
+        import subprocess
+        import sys
+
+        self.proc = subprocess.Popen([sys.executable, *argv], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     text=True)
+        self.stderr: list[str] = []
+        found = threading.Event()
+        self.url = ""
+
+        def pump() -> None:
+            assert self.proc.stderr is not None
+            for line in self.proc.stderr:
+                self.stderr.append(line)
+                m = re.search(r"running on (http://[\d.]+:\d+)", line)
+                if m and not found.is_set():
+                    self.url = m.group(1)
+                    found.set()
+            found.set()
+
+        threading.Thread(target=pump, daemon=True).start()
+        if not found.wait(60) or not self.url:
+            self.proc.kill()
+            raise RuntimeError("server did not start:\n" + "".join(self.stderr))
+
+    def wait_ready(self, timeout: float = 60.0) -> "ServerProcess":
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(self.url + "/v2/health/ready").status_code == 200:
+                    return self
+            except httpx.TransportError:
+                pass
+            time.sleep(0.02)
+        raise RuntimeError("server not ready:\n" + "".join(self.stderr))
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(10)

@@ -1,6 +1,9 @@
 """Readiness gated on the golden check, and the Prometheus metrics it and inference produce."""
 from __future__ import annotations
 
+import shutil
+import time
+
 import httpx
 import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
@@ -8,6 +11,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from kubetrt.serving.app import create_app
 from kubetrt.serving.registry import ServingConfig, compare_output, tolerance
 from serving_support import LiveServer, ModelDouble, cnn_input
+
+
+def settled(c: httpx.Client, name: str) -> dict:
+    """The model's OIP metadata once it is no longer loading."""
+    deadline = time.monotonic() + 30
+    while (md := c.get(f"/v2/models/{name}").json())["state"] == "loading":
+        assert time.monotonic() < deadline, "model never finished loading"
+        time.sleep(0.01)
+    return md
 
 
 class DriftingModel(ModelDouble):
@@ -20,14 +32,7 @@ class DriftingModel(ModelDouble):
 def test_golden_mismatch_keeps_model_unready_and_says_why(cnn_model):
     with LiveServer(create_app(models=[DriftingModel(cnn_model)])) as live, \
             httpx.Client(base_url=live.url, timeout=30) as c:
-        live.registry.get("small_cnn")  # registered...
-        import time
-
-        deadline = time.monotonic() + 30
-        while c.get("/v2/models/small_cnn").json()["state"] == "loading":
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
-        md = c.get("/v2/models/small_cnn").json()
+        md = settled(c, "small_cnn")
         assert md["ready"] is False and md["state"] == "failed"
         assert "golden check failed" in md["reason"] and "output_0" in md["reason"] and "rtol=0.0001" in md["reason"]
         r = c.get("/v2/models/small_cnn/ready")
@@ -45,18 +50,11 @@ def test_golden_mismatch_keeps_model_unready_and_says_why(cnn_model):
 
 
 def test_broken_package_is_unready_not_fatal(tmp_path, cnn_package):
-    import shutil
-
     pkg = tmp_path / "pkg"
     shutil.copytree(cnn_package, pkg)
     (pkg / "model.onnx").write_bytes(b"not onnx")  # digest mismatch: the runtime refuses it
     with LiveServer(create_app([pkg])) as live, httpx.Client(base_url=live.url, timeout=30) as c:
-        import time
-
-        deadline = time.monotonic() + 30
-        while (md := c.get("/v2/models/small_cnn").json())["state"] == "loading":
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        md = settled(c, "small_cnn")
         assert md["state"] == "failed" and "load failed" in md["reason"] and "model.onnx" in md["reason"]
         assert c.get("/v2/health/ready").status_code == 503
 

@@ -1,0 +1,165 @@
+"""Compiler passes: folding, fusion and memory planning change the program, never the numbers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kubetrt.runtime import UnsupportedOpError
+from kubetrt.runtime.onnx_import import from_proto
+from kubetrt.runtime.program import compile_graph
+from onnx_cases import make_model, node, run_kubetrt, run_ort
+
+rng = np.random.default_rng(1)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def compiled(model):  # type: ignore[no-untyped-def]
+    return compile_graph(from_proto(model))
+
+
+def assert_same_as_ort(model, feeds) -> None:  # type: ignore[no-untyped-def]
+    ref = run_ort(model, feeds)
+    for executor in ("sequential", "dataflow"):
+        for g, r in zip(run_kubetrt(model, feeds, executor), ref):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
+
+
+def test_conv_batchnorm_relu_fold_into_one_kernel() -> None:
+    nodes = [
+        node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+        node("BatchNormalization", ["c", "s", "bb", "m", "v"], ["n"], epsilon=1e-3),
+        node("Relu", ["n"], ["y"]),
+    ]
+    consts = {"w": f32(8, 3, 3, 3), "b": f32(8), "s": f32(8), "bb": f32(8), "m": f32(8), "v": np.abs(f32(8)) + 0.5}
+    feeds = {"x": f32(2, 3, 10, 10)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    prog = compiled(model)
+    assert [k.op for k in prog.kernels] == ["FusedConv"]
+    assert assert_same_as_ort(model, feeds) is None
+
+
+def test_decomposed_batchnorm_and_relu6_fold_into_depthwise_conv() -> None:
+    nodes = [
+        node("Conv", ["x", "w"], ["c"], group=4, pads=[1, 1, 1, 1]),
+        node("Mul", ["c", "scale"], ["m"]),
+        node("Add", ["m", "shift"], ["a"]),
+        node("Clip", ["a", "lo", "hi"], ["y"]),
+    ]
+    consts = {"w": f32(4, 1, 3, 3), "scale": f32(1, 4, 1, 1), "shift": f32(4, 1, 1), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}
+    feeds = {"x": f32(1, 4, 9, 9) * 3}
+    model = make_model(nodes, feeds, ["y"], consts)
+    prog = compiled(model)
+    assert [k.op for k in prog.kernels] == ["FusedConv"]
+    assert_same_as_ort(model, feeds)
+
+
+def test_zero_pad_folds_into_conv_padding() -> None:
+    nodes = [node("Pad", ["x", "p"], ["xp"]), node("Conv", ["xp", "w"], ["y"], strides=[2, 2])]
+    consts = {"p": np.array([0, 0, 1, 1, 0, 0, 2, 2], np.int64), "w": f32(4, 3, 3, 3)}
+    feeds = {"x": f32(1, 3, 11, 11)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    assert [k.op for k in compiled(model).kernels] == ["FusedConv"]
+    assert_same_as_ort(model, feeds)
+
+
+def test_residual_add_and_activation_fuse_into_conv() -> None:
+    nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Add", ["c", "x"], ["a"]), node("Relu", ["a"], ["y"])]
+    consts = {"w": f32(3, 3, 3, 3), "b": f32(3)}
+    feeds = {"x": f32(2, 3, 6, 6)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    prog = compiled(model)
+    assert [k.op for k in prog.kernels] == ["FusedConv"]
+    assert len(prog.kernels[0].inputs) == 4  # x, w, b, residual
+    assert_same_as_ort(model, feeds)
+
+
+def test_matmul_bias_gelu_like_epilogue() -> None:
+    nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["a"]), node("Sigmoid", ["a"], ["y"])]
+    feeds = {"x": f32(2, 5, 8)}
+    model = make_model(nodes, feeds, ["y"], {"w": f32(8, 4), "b": f32(4)})
+    assert [k.op for k in compiled(model).kernels] == ["FusedMatMul"]
+    assert_same_as_ort(model, feeds)
+
+
+def test_fusion_never_swallows_a_value_someone_else_reads() -> None:
+    # c is a graph output and feeds the Relu: Conv must not absorb the Relu.
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("Relu", ["c"], ["y"])]
+    feeds = {"x": f32(1, 2, 4, 4)}
+    model = make_model(nodes, feeds, ["c", "y"], {"w": f32(2, 2, 1, 1)})
+    assert [k.op for k in compiled(model).kernels] == ["FusedConv", "Relu"]
+    assert_same_as_ort(model, feeds)
+
+
+def test_constant_subgraphs_and_static_shapes_fold_away() -> None:
+    nodes = [
+        node("Add", ["c1", "c2"], ["c3"]),  # constant-only
+        node("Shape", ["x"], ["s"]),  # x has a fully static shape
+        node("Gather", ["s", "zero"], ["d0"], axis=0),
+        node("Unsqueeze", ["d0", "ax"], ["d0v"]),
+        node("Concat", ["d0v", "minus1"], ["target"], axis=0),
+        node("Reshape", ["x", "target"], ["r"]),
+        node("Mul", ["r", "c3"], ["y"]),
+    ]
+    consts = {"c1": f32(12), "c2": f32(12), "zero": np.array(0, np.int64), "ax": np.array([0], np.int64), "minus1": np.array([-1], np.int64)}
+    feeds = {"x": f32(2, 3, 4)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    prog = compiled(model)
+    assert [k.op for k in prog.kernels] == ["Reshape", "Mul"]
+    assert_same_as_ort(model, feeds)
+
+
+def test_inplace_chain_never_overwrites_the_callers_input() -> None:
+    nodes = [node("Relu", ["x"], ["a"]), node("Sigmoid", ["a"], ["b"]), node("Tanh", ["b"], ["y"])]
+    x = f32(4, 5)
+    model = make_model(nodes, {"x": x}, ["y"])
+    prog = compiled(model)
+    ops_inplace = {k.op: bool(k.inplace) for k in prog.kernels}
+    assert ops_inplace == {"Relu": False, "Sigmoid": True, "Tanh": True}  # x is the caller's
+    before = x.copy()
+    assert_same_as_ort(model, {"x": x})
+    np.testing.assert_array_equal(x, before)
+
+
+def test_no_inplace_write_into_a_buffer_a_live_view_shares() -> None:
+    # r dies at Sigmoid in program order, but its view v is read afterwards.
+    nodes = [
+        node("Relu", ["x"], ["r"]),
+        node("Reshape", ["r", "shape"], ["v"]),
+        node("Sigmoid", ["r"], ["s"]),
+        node("Reshape", ["s", "shape"], ["sv"]),
+        node("Add", ["sv", "v"], ["y"]),
+    ]
+    feeds = {"x": f32(3, 4)}
+    model = make_model(nodes, feeds, ["y"], {"shape": np.array([4, 3], np.int64)})
+    prog = compiled(model)
+    sigmoid = next(k for k in prog.kernels if k.op == "Sigmoid")
+    assert not sigmoid.inplace
+    assert_same_as_ort(model, feeds)
+
+
+def test_program_counts_are_consistent() -> None:
+    nodes = [node("Relu", ["x"], ["a"]), node("Neg", ["x"], ["b"]), node("Add", ["a", "b"], ["c"]), node("Mul", ["c", "k"], ["y"])]
+    model = make_model(nodes, {"x": f32(3)}, ["y"], {"k": f32(3)})
+    prog = compiled(model)
+    for v in prog.values:
+        readers = sum(k.inputs.count(v.id) for k in prog.kernels)
+        assert v.use_count == readers, v.name
+    for k in prog.kernels:
+        assert k.operand_count == sum(1 for i in k.inputs if i >= 0 and prog.values[i].const is None)
+        for user in k.used_by:
+            assert set(prog.kernels[user].inputs) & set(k.outputs)
+    x_value = prog.value("x")
+    assert x_value.use_count == 2
+    freed = [v for k in prog.kernels for v in k.frees]
+    assert prog.value("a").id in freed and prog.value("y").id not in freed
+
+
+def test_unsupported_op_fails_at_load_naming_op_node_and_supported_list() -> None:
+    model = make_model([node("Det", ["x"], ["y"])], {"x": f32(3, 3)}, ["y"])
+    with pytest.raises(UnsupportedOpError) as err:
+        compiled(model)
+    msg = str(err.value)
+    assert "op Det" in msg and "det_y" in msg and "Conv" in msg and "MatMul" in msg
