@@ -43,6 +43,7 @@ class Cell:
     p99_ms: float
     mean_batch: float
     compute_ms: float  # mean server-side compute per batch over the cell
+    server_ms: float  # mean time a request spent in the server's handler (queue + compute + codecs)
 
     @property
     def rps(self) -> float:
@@ -79,7 +80,7 @@ class Server:
     def metric_sums(self, model: str) -> dict[str, float]:
         text = httpx.get(self.url + "/metrics").text
         out = {}
-        for name in ("kubetrt_batch_size", "kubetrt_compute_duration_seconds"):
+        for name in ("kubetrt_batch_size", "kubetrt_compute_duration_seconds", "kubetrt_request_duration_seconds"):
             for suffix in ("sum", "count"):
                 m = re.search(rf'^{name}_{suffix}{{model="{re.escape(model)}"}} (\S+)$', text, re.M)
                 out[f"{name}_{suffix}"] = float(m.group(1)) if m else 0.0
@@ -190,7 +191,9 @@ def run_cells(package: Path, model: str, input_name: str, mode: str, server_args
             lat_ms = np.asarray(lat) * 1e3 if lat else np.asarray([np.nan])
             cells.append(Cell(mode, c, len(lat), errors, secs, float(np.percentile(lat_ms, 50)),
                               float(np.percentile(lat_ms, 99)), d["kubetrt_batch_size_sum"] / n_batches,
-                              d["kubetrt_compute_duration_seconds_sum"] / n_batches * 1e3))
+                              d["kubetrt_compute_duration_seconds_sum"] / n_batches * 1e3,
+                              d["kubetrt_request_duration_seconds_sum"]
+                              / max(d["kubetrt_request_duration_seconds_count"], 1) * 1e3))
             print(f"  {mode:<4} c={c:<3} {cells[-1].rps:8.1f} req/s  p50 {cells[-1].p50_ms:7.2f} ms  "
                   f"p99 {cells[-1].p99_ms:7.2f} ms  batch {cells[-1].mean_batch:5.1f}", file=sys.stderr, flush=True)
     finally:
@@ -238,17 +241,21 @@ def main(argv: list[str] | None = None) -> int:
               "--max-queue-size", "4096"]
 
     predict_ms = predict_p50_ms(package, args.device)
+    predict_max_ms = predict_p50_ms(package, args.device, rows=args.max_batch_size, runs=20)
     on = run_cells(package, model, input_name, "on", [*common, "--max-batch-size", str(args.max_batch_size)],
                    concurrencies, args.seconds)
     off = run_cells(package, model, input_name, "off", [*common, "--max-batch-size", "1"], concurrencies, args.seconds)
 
     print(f"\nkubetrt serving bench: {model} ({package}), device {args.device}, batch-1 OIP binary requests, "
           f"{args.seconds:g} s per cell, max batch {args.max_batch_size}, max queue delay {args.max_queue_delay_us} us")
-    print(f"runtime model.predict, 1 row, in-process p50: {predict_ms:.3f} ms\n")
-    print(f"{'conc':>5} | {'on req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} {'compute ms':>10} | "
+    print(f"runtime model.predict, 1 row, in-process p50: {predict_ms:.3f} ms; "
+          f"{args.max_batch_size} rows: {predict_max_ms:.3f} ms ({predict_max_ms / args.max_batch_size:.3f} ms/row)")
+    print("compute ms = mean server-side runtime call per batch; in-server = mean handler time per request\n")
+    print(f"{'conc':>5} | {'on req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} {'compute ms':>10} {'in-server':>9} | "
           f"{'off req/s':>9} {'p50 ms':>8} {'p99 ms':>8} | {'on/off':>6}")
     for a, b in zip(on, off):
-        print(f"{a.concurrency:>5} | {a.rps:9.1f} {a.p50_ms:8.2f} {a.p99_ms:8.2f} {a.mean_batch:6.1f} {a.compute_ms:10.2f} | "
+        print(f"{a.concurrency:>5} | {a.rps:9.1f} {a.p50_ms:8.2f} {a.p99_ms:8.2f} {a.mean_batch:6.1f} {a.compute_ms:10.2f} "
+              f"{a.server_ms:9.2f} | "
               f"{b.rps:9.1f} {b.p50_ms:8.2f} {b.p99_ms:8.2f} | {a.rps / max(b.rps, 1e-9):5.2f}x")
     errors = sum(c.errors for c in on + off)
     hi_on, hi_off = on[-1], off[-1]

@@ -165,13 +165,9 @@ def load_with_engine(package_dir: str | os.PathLike[str], engine_dir: str | os.P
 
 def load_packaged_engine(package_dir: str | os.PathLike[str], device: str, key: str) -> Any:
     """load_model on a package holding engines/<key>/, digest-checking everything listed."""
-    import inspect
-
     from kubetrt.runtime import load_model
 
-    if "engine_key" in inspect.signature(load_model).parameters:
-        return load_model(package_dir, device=device, engine_key=key, verify=True)
-    return load_model(package_dir, device=device, engine_dir=Path(package_dir) / "engines" / key, verify=True)
+    return load_model(package_dir, device=device, engine_key=key, verify=True)
 
 
 def verify_stage(package_dir: str | os.PathLike[str], engine_dir: str | os.PathLike[str], target: Target, key: str | None = None) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from .devices.host import shared_pool
 from .errors import InputError
 from .graph import Graph
 from .onnx_import import load_onnx
-from .package import MODEL_ONNX, Manifest, TensorSpec, open_package
+from .package import ENGINES, MODEL_ONNX, Manifest, TensorSpec, open_package
 
 
 def load_graph(package_dir: str | os.PathLike[str], manifest: Manifest) -> Graph:
@@ -72,6 +72,8 @@ class Model:
         self.device = device
         self.engine = engine
         self.engine_key: str | None = engine["key"] if engine else None
+        # what verification tolerances follow from: host models compiled from ONNX are fp32
+        self.precision: str = engine["target"]["precision"] if engine else "fp32"
         self._exe = executable
         self._input_order = graph_inputs
         self._output_names = graph_outputs
@@ -100,14 +102,19 @@ class Model:
         return await loop.run_in_executor(shared_pool(), self._run_checked, checked)
 
 
-def load_model(package_dir: str | os.PathLike[str], device: str = "host", *, engine_dir: str | os.PathLike[str] | None = None, verify: bool = True, executor: str | None = None) -> Model:
+def load_model(package_dir: str | os.PathLike[str], device: str = "host", *, engine_key: str | None = None, engine_dir: str | os.PathLike[str] | None = None, verify: bool = True, executor: str | None = None) -> Model:
     """Load a model package for `device` (host, cuda, tensorrt or auto).
 
-    With `engine_dir`, the engine built for this node type is used (and checked against this
-    node); without it, the host device compiles model.onnx directly.
+    With `engine_key` (the engine in the package's engines/<key>/) or an explicit `engine_dir`,
+    the engine built for this node type is used, after checking its digests and that its key
+    matches this node; without either, the host device compiles model.onnx directly.
     """
     package_dir = Path(package_dir)
     manifest = open_package(package_dir, verify=verify)
+    if engine_key is not None:
+        if engine_dir is not None:
+            raise ValueError("give engine_key or engine_dir, not both")
+        engine_dir = package_dir / ENGINES / engine_key
     engine = None
     if engine_dir is not None:
         engine = read_engine(engine_dir, manifest)

@@ -206,6 +206,7 @@ def atomic_write_text(path: Path, text: str) -> None:
             f.write(text)
             f.flush()
             os.fsync(f.fileno())
+        os.chmod(tmp, 0o644)  # mkstemp makes 0600; serving pods may run as another user
         os.replace(tmp, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -226,6 +227,7 @@ def staged_dir(final: str | os.PathLike[str], overwrite: bool = False) -> Iterat
     tmp = Path(tempfile.mkdtemp(dir=final.parent, prefix=f".{final.name}.", suffix=".partial"))
     try:
         yield tmp
+        os.chmod(tmp, 0o755)  # mkdtemp makes 0700; the published tree must be readable by others
         if final.exists():
             old = final.with_name(f".{final.name}.old-{os.getpid()}")
             os.replace(final, old)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import enum
-import inspect
 import logging
 import math
 import os
@@ -120,12 +119,7 @@ def compare_output(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) 
 def _load(package_dir: Any, config: ServingConfig) -> ModelLike:
     from kubetrt.runtime import load_model
 
-    if config.engine_key is None:
-        return load_model(package_dir, config.device)
-    params = inspect.signature(load_model).parameters
-    if "engine_key" in params:
-        return load_model(package_dir, config.device, engine_key=config.engine_key)
-    return load_model(package_dir, config.device, engine_dir=Path(package_dir) / "engines" / config.engine_key)
+    return load_model(package_dir, config.device, engine_key=config.engine_key)
 
 
 def _precision(model: ModelLike) -> str:

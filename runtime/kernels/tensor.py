@@ -295,7 +295,7 @@ def nonzero(spec: KernelSpec) -> Run:
 
 @register("TopK", lambda s: [(None, s.dtypes[0]), (None, np.dtype(np.int64))])
 def topk(spec: KernelSpec) -> Run:
-    axis, largest, sorted_ = spec.attr("axis", -1), spec.attr("largest", 1), spec.attr("sorted", 1)
+    axis, largest = spec.attr("axis", -1), spec.attr("largest", 1)  # results are always sorted
 
     def run(x: np.ndarray, k: np.ndarray) -> tuple[np.ndarray, ...]:
         kk = int(np.asarray(k).reshape(-1)[0])

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 import logging
 import threading
 from collections.abc import AsyncIterator
@@ -14,7 +13,6 @@ import pytest
 
 from kubetrt.operators import crds, handlers
 from kubetrt.operators.kube import KubeClient
-from kubetrt.operators.objects import OperatorConfig
 
 
 from operator_testlib import CONFIG, ApiServerEmulator, md_body

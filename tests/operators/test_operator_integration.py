@@ -9,7 +9,6 @@ import asyncio
 import json
 from typing import Any
 
-import kmock
 import pytest
 
 from kubetrt.operators import objects, rbac

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from kubetrt.pipeline.stages import build_stage, build_verify_publish, load_with_engine, verify_stage
+from kubetrt.pipeline.stages import build_stage, build_verify_publish, verify_stage
 from kubetrt.pipeline.store import (
     COMPLETE,
     LocalStore,

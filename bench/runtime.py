@@ -1,0 +1,188 @@
+"""Host runtime vs TensorFlow (SavedModel signature) vs onnxruntime (CPU), side by side.
+
+    python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50] [--seconds 3]
+
+Each (engine, model, batch) cell runs in its own subprocess, so one engine's thread pools (TF's
+inter-op threads, onnxruntime's spinning workers) never slow another's measurement. Batch 1 is
+the median latency of back-to-back calls after warm-up; batch 32 is throughput from the median
+batch time. The fp32 matmul peak (NumPy sgemm, 4096^3, all cores) is measured in the same run,
+and the host runtime's ResNet50 batch-32 FLOP rate is reported as a fraction of it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ENGINES = ("kubetrt", "tensorflow", "onnxruntime")
+MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50")
+
+
+def _progress(msg: str) -> None:
+    print(f"[bench] {msg}", file=sys.stderr, flush=True)
+
+
+def feeds_for(package: Path, batch: int) -> dict[str, np.ndarray]:
+    from kubetrt.runtime.package import read_manifest
+
+    rng = np.random.default_rng(batch)
+    return {t.name: rng.standard_normal([batch if d == -1 else d for d in t.shape]).astype(t.dtype) for t in read_manifest(package).inputs}
+
+
+def runner(engine: str, package: Path, savedmodel: Path) -> Callable[[dict[str, np.ndarray]], Any]:
+    if engine == "kubetrt":
+        from kubetrt.runtime import load_model
+
+        return load_model(package).predict
+    if engine == "onnxruntime":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
+        return lambda feeds: sess.run(None, feeds)
+    if engine == "tensorflow":
+        from kubetrt.pipeline.ingest import tensorflow
+
+        tf = tensorflow()
+        fn = tf.saved_model.load(str(savedmodel)).signatures["serving_default"]
+        return lambda feeds: fn(**{k: tf.constant(v) for k, v in feeds.items()})
+    raise ValueError(engine)
+
+
+def time_calls(run: Callable[[Any], Any], feeds: Any, seconds: float, min_reps: int) -> list[float]:
+    for _ in range(3):
+        run(feeds)
+    times: list[float] = []
+    deadline = time.perf_counter() + seconds
+    while len(times) < min_reps or time.perf_counter() < deadline:
+        t0 = time.perf_counter()
+        run(feeds)
+        times.append(time.perf_counter() - t0)
+        if len(times) >= 2000:
+            break
+    return times
+
+
+def worker(engine: str, model: str, batch: int, seconds: float) -> dict[str, Any]:
+    sys.path.insert(0, str(HERE))
+    from _zoo import zoo
+
+    z = zoo()
+    package, savedmodel = z.package(model), z.savedmodel(model)
+    run = runner(engine, package, savedmodel)
+    times = time_calls(run, feeds_for(package, batch), seconds, min_reps=5 if batch > 1 else 20)
+    med = statistics.median(times)
+    return {"engine": engine, "model": model, "batch": batch, "median_s": med, "reps": len(times), "items_per_s": batch / med}
+
+
+def matmul_peak() -> float:
+    n = 4096
+    a = np.random.default_rng(0).standard_normal((n, n)).astype(np.float32)
+    a @ a
+    best = min(_t(lambda: a @ a) for _ in range(5))
+    return 2 * n**3 / best / 1e9
+
+
+def _t(f: Callable[[], Any]) -> float:
+    t0 = time.perf_counter()
+    f()
+    return time.perf_counter() - t0
+
+
+def model_flops(package: Path) -> float:
+    """Multiply-adds x2 of convolutions and matrix products at batch 1, from inferred shapes."""
+    from kubetrt.runtime.onnx_import import load_onnx
+    from kubetrt.runtime.passes import optimize
+
+    g = optimize(load_onnx(package / "model.onnx"))
+    vals, total = g.values, 0.0
+    for n in g.nodes:
+        out = vals.get(n.outputs[0])
+        if out is None or out.shape is None:
+            continue
+        size = float(np.prod([1 if d == -1 else d for d in out.shape]))
+        if n.op in ("Conv", "FusedConv"):
+            w = g.constants[n.inputs[1]]
+            total += 2 * size * np.prod(w.shape[1:])
+        elif n.op in ("MatMul", "FusedMatMul", "Gemm"):
+            a = vals[n.inputs[0]].shape
+            total += 2 * size * (a[-1] if a else 0)
+    return total
+
+
+def spawn(args: list[str]) -> dict[str, Any]:
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    proc = subprocess.run([sys.executable, str(Path(__file__)), *args], capture_output=True, text=True, env=env)
+    if proc.returncode != 0:
+        raise RuntimeError(f"bench worker {args} failed:\n{proc.stderr[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell")
+    p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "BATCH"), help=argparse.SUPPRESS)
+    p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.worker:
+        print(json.dumps(worker(a.worker[0], a.worker[1], int(a.worker[2]), a.seconds)))
+        return 0
+    if a.peak:
+        print(json.dumps({"gflops": matmul_peak()}))
+        return 0
+
+    sys.path.insert(0, str(HERE))
+    from _zoo import zoo
+
+    z = zoo()
+    for m in a.models:  # build/cache outside the timed workers
+        _progress(f"preparing {m}")
+        z.package(m)
+    _progress("measuring fp32 matmul peak")
+    peak = spawn(["--peak"])["gflops"]
+    results: dict[tuple[str, str, int], dict[str, Any]] = {}
+    for m in a.models:
+        for batch in (1, 32):
+            for e in a.engines:
+                _progress(f"{m} batch {batch} {e}")
+                results[(e, m, batch)] = spawn(["--worker", e, m, str(batch), "--seconds", str(a.seconds)])
+
+    print(f"\nfp32 matmul peak (NumPy sgemm 4096^3, {os.cpu_count()} cores): {peak:.1f} GFLOP/s\n")
+    head = f"{'model':<14}{'batch':>6}" + "".join(f"{e:>14}" for e in a.engines)
+    if "kubetrt" in a.engines:
+        head += "".join(f"{'vs ' + e:>16}" for e in a.engines if e != "kubetrt")
+    print(head)
+    print("-" * len(head))
+    for m in a.models:
+        for batch in (1, 32):
+            row = f"{m:<14}{batch:>6}"
+            cells = {e: results[(e, m, batch)] for e in a.engines}
+            for e in a.engines:
+                r = cells[e]
+                row += f"{r['median_s'] * 1e3:>11.2f} ms" if batch == 1 else f"{r['items_per_s']:>10.1f} i/s"
+            if "kubetrt" in cells:
+                for e in a.engines:
+                    if e != "kubetrt":
+                        ratio = cells[e]["median_s"] / cells["kubetrt"]["median_s"]
+                        row += f"{ratio:>15.2f}x"
+            print(row)
+    print("\nratios: >1 means kubetrt is faster (batch 1: latency ratio; batch 32: throughput ratio)")
+    if "resnet50" in a.models and "kubetrt" in a.engines:
+        flops = model_flops(z.package("resnet50"))
+        rate = flops * results[("kubetrt", "resnet50", 32)]["items_per_s"] / 1e9
+        print(f"resnet50 batch 32 on kubetrt: {flops / 1e9:.2f} GFLOP/image -> {rate:.1f} GFLOP/s = {100 * rate / peak:.0f}% of the matmul peak")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

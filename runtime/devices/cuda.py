@@ -1,0 +1,498 @@
+"""The `cuda` device runtime: CuPy kernels on a stream per execution context, with the whole
+program captured as a CUDA Graph per input shape so batch-1 latency is not Python dispatch.
+
+Layers, so that everything but the GPU boundary runs in CI with NumPy standing in for CuPy:
+- DevicePlan: the compiled program with a residency decision per value (device data vs. host
+  shape arithmetic), uploads of constants once, and the kernels of cuda_kernels.py.
+- Backend: the array module plus what only a GPU has (streams, graph capture, fused epilogues,
+  identity). CupyBackend is the real one; NumpyStandIn is the stand-in used by tests.
+- CudaExecutable: a pool of execution contexts (stream + captured graphs + static buffers).
+- CudaRuntime: check_available / identity / tune (choices per GPU type) / prepare.
+"""
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import queue
+import re
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..errors import DeviceUnavailableError, KernelError
+from ..graph import Graph
+from ..passes.shape_inference import spec_for
+from ..program import compile_graph
+from ..target import Target
+from . import NodeIdentity
+from . import cuda_kernels as ck
+
+TUNING_FILE = "cuda_tuning.json"
+CUPY_MISSING = "cupy is not installed (pip install kubetrt[gpu])"
+TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2}  # fp32 allows TF32 GEMMs
+DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
+
+
+class CaptureUnsafe(RuntimeError):
+    """The program would transfer memory while a CUDA Graph is being captured."""
+
+
+def gfd_product(name: str) -> str:
+    """A CUDA device name as GPU Feature Discovery labels it: 'NVIDIA H100 80GB HBM3' ->
+    'NVIDIA-H100-80GB-HBM3' (whitespace to '-', only label-safe characters, at most 63)."""
+    label = re.sub(r"[^A-Za-z0-9._-]", "", re.sub(r"\s+", "-", name.strip()))
+    return label[:63].strip("-._") or "unknown-gpu"
+
+
+def relative_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max(1, max |want|): one number per output, robust to tiny references."""
+    got = np.asarray(got, dtype=np.float64)
+    want = np.asarray(want, dtype=np.float64)
+    if got.shape != want.shape:
+        return float("inf")
+    if want.size == 0:
+        return 0.0
+    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
+
+
+# ============================================================================ plan
+
+@dataclass
+class _Step:
+    name: str
+    op: str
+    kind: str  # "host": host kernel on host values; "device": xp kernel; "fallback": host kernel on downloaded device values
+    run: Callable[..., tuple[Any, ...]]
+    ins: tuple[int, ...]
+    outs: tuple[int, ...]
+    frees: tuple[int, ...]
+    upload: frozenset[int] = frozenset()  # operand positions: host value -> device
+    download: frozenset[int] = frozenset()  # operand positions: device value -> host
+    skip: frozenset[int] = frozenset()  # operand positions the kernel holds itself (constants)
+
+
+class DevicePlan:
+    """A Program whose values live on the device, except shape arithmetic, which stays on the host.
+
+    Residency: graph inputs are device values; constants are host values (uploaded once where a
+    device kernel reads them as data); Shape/Size outputs and the outputs of kernels whose data
+    operands are all host values are host values; everything else is a device value. Host
+    values are functions of the input shapes only, so their uploads are cached per value and
+    content, which is what lets a CUDA Graph capture replay without any transfer.
+    """
+
+    def __init__(self, graph: Graph, ctx: ck.DeviceContext, to_host: Callable[[Any], np.ndarray]) -> None:
+        self.ctx = ctx
+        self.to_host = to_host
+        prog = compile_graph(graph, "host")
+        self.prog = prog
+        node_by_name = {n.name: n for n in graph.nodes}
+        kernels = ck.table()
+        on_host = [v.const is not None for v in prog.values]
+        self.steps: list[_Step] = []
+        self.fallback_ops: list[str] = []
+        self.sync_reasons: list[str] = []
+        self.dev_consts: dict[int, Any] = {}
+        for k in prog.kernels:
+            params = ck.PARAM_OPERANDS.get(k.op, frozenset())
+            data = [i for i, vid in enumerate(k.inputs) if vid >= 0 and i not in params]
+            device_params = frozenset(i for i, vid in enumerate(k.inputs) if vid >= 0 and i in params and not on_host[vid])
+            if k.op in ck.SHAPE_ONLY or all(on_host[k.inputs[i]] for i in data) and not device_params:
+                step = _Step(k.name, k.op, "host", k.run, tuple(k.inputs), tuple(k.outputs), tuple(k.frees))
+                out_host = True
+            elif k.op in kernels:
+                spec = spec_for(graph, node_by_name[k.name], inplace=k.inplace)
+                own = frozenset(i for i in ck.OWN_CONSTS.get(k.op, ()) if spec.const(i) is not None)
+                upload = frozenset(i for i in data if on_host[k.inputs[i]] and i not in own)
+                step = _Step(k.name, k.op, "device", kernels[k.op](spec, ctx), tuple(k.inputs), tuple(k.outputs),
+                             tuple(k.frees), upload, device_params, own)
+                out_host = False
+                if device_params:
+                    self.sync_reasons.append(f"{k.op} {k.name} reads a device-computed shape parameter")
+            else:  # no device kernel: run the host kernel between a download and an upload
+                download = frozenset(i for i, vid in enumerate(k.inputs) if vid >= 0 and not on_host[vid])
+                step = _Step(k.name, k.op, "fallback", k.run, tuple(k.inputs), tuple(k.outputs), tuple(k.frees), download=download)
+                out_host = False
+                self.fallback_ops.append(k.op)
+                self.sync_reasons.append(f"{k.op} {k.name} has no device kernel and runs on the host")
+            for vid in k.outputs:
+                if vid >= 0:
+                    on_host[vid] = out_host
+            for i in step.upload:
+                vid = k.inputs[i]
+                if prog.values[vid].const is not None and vid not in self.dev_consts:
+                    self.dev_consts[vid] = ctx.upload(prog.values[vid].const)
+            self.steps.append(step)
+        self.on_host = on_host
+        self.template: list[Any] = [v.const for v in prog.values]
+        self.out_dtypes = [np.dtype(o.dtype) if o.dtype is not None else None for o in graph.outputs]
+        self._uploads: dict[tuple[Any, ...], Any] = {}
+
+    @property
+    def capturable(self) -> bool:
+        """No step needs the host to wait for the device: the run can be one CUDA Graph."""
+        return not self.sync_reasons
+
+    def _upload(self, vid: int, x: Any, capturing: bool) -> Any:
+        if vid in self.dev_consts:
+            return self.dev_consts[vid]
+        a = np.asarray(x)
+        key = (vid, a.dtype.str, a.shape, a.tobytes())
+        hit = self._uploads.get(key)
+        if hit is None:
+            if capturing:
+                raise CaptureUnsafe(f"value {self.prog.values[vid].name} would be uploaded during capture")
+            hit = self._uploads[key] = self.ctx.upload(a)
+        return hit
+
+    def run_device(self, feeds: list[Any], capturing: bool = False) -> list[Any]:
+        """Device (or host) values in, device values out; float outputs in their declared dtype."""
+        xp = self.ctx.xp
+        slots = list(self.template)
+        for vid, x in zip(self.prog.inputs, feeds):
+            slots[vid] = x.astype(self.ctx.compute_dtype) if x.dtype.kind == "f" and x.dtype != self.ctx.compute_dtype else x
+        for st in self.steps:
+            args: list[Any] = []
+            for i, vid in enumerate(st.ins):
+                if vid < 0 or i in st.skip:
+                    args.append(None)
+                elif i in st.upload:
+                    args.append(self._upload(vid, slots[vid], capturing))
+                elif i in st.download:
+                    if capturing:
+                        raise CaptureUnsafe(f"{st.op} {st.name} reads a device value on the host")
+                    args.append(self.to_host(slots[vid]))
+                else:
+                    args.append(slots[vid])
+            try:
+                results = st.run(*args)
+            except CaptureUnsafe:
+                raise
+            except Exception as e:
+                raise KernelError(f"kernel {st.op} (node {st.name}) failed on the cuda device: {type(e).__name__}: {e}") from e
+            for vid, r in zip(st.outs, results):
+                if vid >= 0:
+                    slots[vid] = self._upload(vid, r, capturing) if st.kind == "fallback" else r
+            for vid in st.frees:
+                slots[vid] = None
+        outs = []
+        for vid, dt in zip(self.prog.outputs, self.out_dtypes):
+            v = slots[vid]
+            if not self.on_host[vid] and dt is not None and v.dtype != dt:
+                v = v.astype(dt)
+            outs.append(v if not self.on_host[vid] else xp.asarray(v))
+        return outs
+
+
+# ============================================================================ backends
+
+class NumpyStandIn:
+    """NumPy in CuPy's place: a fake at the GPU boundary (no streams, no graphs), for CI."""
+
+    name = "numpy-stand-in"
+    xp = np
+    can_capture = False
+
+    def check_available(self) -> None:
+        return None
+
+    def identity(self) -> NodeIdentity:
+        return NodeIdentity("NumPy-Stand-In", "0.0", f"numpy{np.__version__}-standin")
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return np.asarray(a)
+
+    def new_stream(self) -> Any:
+        return None
+
+    @contextlib.contextmanager
+    def on(self, stream: Any) -> Iterator[None]:
+        yield
+
+    def fused_epilogue(self) -> Callable[..., Any] | None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+def _act_expr(act: tuple[str, dict[str, Any]] | None) -> str | None:
+    """CUDA C for an activation of float `v`; None where the fused kernel does not cover it."""
+    if not act:
+        return "v"
+    op, a = act
+    f = lambda k, d: repr(float(a.get(k, d))) + "f"  # noqa: E731
+    exprs = {
+        "Relu": "v > 0.f ? v : 0.f",
+        "Sigmoid": "1.f / (1.f + expf(-v))",
+        "Tanh": "tanhf(v)",
+        "HardSwish": "v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f",
+        "Gelu": "0.5f * v * (1.f + erff(v * 0.70710678f))",
+        "LeakyRelu": f"v >= 0.f ? v : {f('alpha', 0.01)} * v",
+        "HardSigmoid": f"fminf(fmaxf({f('alpha', 0.2)} * v + {f('beta', 0.5)}, 0.f), 1.f)",
+        "Elu": f"v > 0.f ? v : {f('alpha', 1.0)} * (expf(v) - 1.f)",
+        "Softplus": "v > 20.f ? v : log1pf(expf(v))",
+    }
+    if op == "Clip":
+        lo = a.get("min")
+        hi = a.get("max")
+        lo_s = "-INFINITY" if lo is None else repr(float(lo)) + "f"
+        hi_s = "INFINITY" if hi is None else repr(float(hi)) + "f"
+        return f"fminf(fmaxf(v, {lo_s}), {hi_s})"
+    return exprs.get(op)
+
+
+class CupyBackend:
+    """The real GPU boundary: CuPy arrays, streams, CUDA Graph capture, ElementwiseKernel epilogues."""
+
+    name = "cupy"
+    can_capture = True
+
+    def __init__(self) -> None:
+        self._cp: Any = None
+
+    @property
+    def xp(self) -> Any:
+        if self._cp is None:
+            self.check_available()
+        return self._cp
+
+    def check_available(self) -> None:
+        if self._cp is not None:
+            return
+        try:
+            import cupy
+        except ImportError as e:
+            raise DeviceUnavailableError(CUPY_MISSING) from e
+        try:
+            count = cupy.cuda.runtime.getDeviceCount()
+        except Exception as e:  # CUDARuntimeError: no driver, no device
+            raise DeviceUnavailableError(f"cupy {cupy.__version__} is installed but sees no CUDA GPU ({e})") from e
+        if count < 1:
+            raise DeviceUnavailableError(f"cupy {cupy.__version__} is installed but sees no CUDA GPU")
+        self._cp = cupy
+
+    def identity(self) -> NodeIdentity:
+        cp = self.xp
+        props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        rt = cp.cuda.runtime.runtimeGetVersion()
+        return NodeIdentity(gfd_product(name), f"{props['major']}.{props['minor']}",
+                            f"cupy{cp.__version__}-cuda{rt // 1000}.{(rt % 1000) // 10}")
+
+    def to_host(self, a: Any) -> np.ndarray:
+        return a.get() if hasattr(a, "get") else np.asarray(a)
+
+    def new_stream(self) -> Any:
+        return self.xp.cuda.Stream(non_blocking=True)
+
+    @contextlib.contextmanager
+    def on(self, stream: Any) -> Iterator[None]:
+        with stream:
+            yield
+
+    def synchronize(self) -> None:
+        self.xp.cuda.get_current_stream().synchronize()
+
+    def fused_epilogue(self) -> Callable[..., Any]:
+        cp = self.xp
+        cache: dict[str, Any] = {}
+
+        def build(act: tuple[str, dict[str, Any]] | None) -> Callable[[Any, Any, Any], Any] | None:
+            expr = _act_expr(act)
+            if expr is None:
+                return None
+            kern = cache.get(expr)
+            if kern is None:
+                kern = cache[expr] = cp.ElementwiseKernel(
+                    "T b, T r", "T y", f"float v = (float)y + (float)b + (float)r; y = (T)({expr});",
+                    f"kubetrt_epilogue_{len(cache)}")
+
+            def run(y: Any, bias: Any, residual: Any) -> Any:
+                zero = y.dtype.type(0)
+                kern(zero if bias is None else bias, zero if residual is None else residual, y)
+                return y
+
+            return run
+
+        return build
+
+    def capture(self, stream: Any, plan: DevicePlan, feeds: list[np.ndarray]) -> "_Captured":
+        """Warm up on a private memory pool, then record the whole program as one CUDA Graph.
+
+        The pool belongs to the graph: blocks freed during capture are reused only in capture
+        order, and nobody else can take the addresses the replays write to.
+        """
+        cp = self.xp
+        pool = cp.cuda.MemoryPool()
+        with cp.cuda.using_allocator(pool.malloc), stream:
+            bufs = [cp.empty(f.shape, f.dtype) for f in feeds]
+            for b, f in zip(bufs, feeds):
+                b.set(f)
+            plan.run_device(bufs)  # cuBLAS workspace, pool blocks, cached uploads
+            stream.synchronize()
+            stream.begin_capture()
+            try:
+                outs = plan.run_device(bufs, capturing=True)
+            finally:
+                graph = stream.end_capture()
+        return _Captured(graph, bufs, outs, pool)
+
+
+@dataclass
+class _Captured:
+    graph: Any
+    inputs: list[Any]
+    outputs: list[Any]
+    pool: Any
+
+
+@dataclass
+class _Context:
+    """One execution context: a stream and the graphs captured on it, per input signature."""
+
+    stream: Any
+    graphs: dict[tuple[Any, ...], _Captured] = field(default_factory=dict)
+    eager: set[tuple[Any, ...]] = field(default_factory=set)
+
+
+class CudaExecutable:
+    """Runs a DevicePlan: replays a captured graph where possible, else dispatches kernel by kernel."""
+
+    def __init__(self, plan: DevicePlan, backend: Any, cuda_graphs: bool = True, contexts: int = 2) -> None:
+        self.plan = plan
+        self.backend = backend
+        self.cuda_graphs = bool(cuda_graphs and backend.can_capture and plan.capturable)
+        self._pool: queue.SimpleQueue[_Context] = queue.SimpleQueue()
+        for _ in range(max(1, contexts)):
+            self._pool.put(_Context(backend.new_stream()))
+        self.stats = {"captures": 0, "replays": 0, "eager_runs": 0}
+        self._stats_lock = threading.Lock()
+
+    def _count(self, key: str) -> None:
+        with self._stats_lock:
+            self.stats[key] += 1
+
+    def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
+        ctx = self._pool.get()
+        try:
+            with self.backend.on(ctx.stream):
+                key = tuple((f.shape, f.dtype.str) for f in feeds)
+                cap = self._graph_for(ctx, key, feeds) if self.cuda_graphs else None
+                if cap is not None:
+                    for buf, f in zip(cap.inputs, feeds):
+                        buf.set(f)
+                    cap.graph.launch(ctx.stream)
+                    self._count("replays")
+                    return [self.backend.to_host(o) for o in cap.outputs]
+                xp = self.backend.xp
+                outs = self.plan.run_device([xp.asarray(f) for f in feeds])
+                self._count("eager_runs")
+                return [self.backend.to_host(o) for o in outs]
+        finally:
+            self._pool.put(ctx)
+
+    def _graph_for(self, ctx: _Context, key: tuple[Any, ...], feeds: list[np.ndarray]) -> _Captured | None:
+        cap = ctx.graphs.get(key)
+        if cap is None and key not in ctx.eager:
+            try:
+                cap = ctx.graphs[key] = self.backend.capture(ctx.stream, self.plan, feeds)
+                self._count("captures")
+            except CaptureUnsafe:
+                ctx.eager.add(key)
+        return cap
+
+
+# ============================================================================ runtime
+
+@dataclass(frozen=True)
+class Choice:
+    conv_algo: str
+    cuda_graphs: bool
+
+    def label(self) -> str:
+        return f"{self.conv_algo}{'+graphs' if self.cuda_graphs else ''}"
+
+
+class CudaRuntime:
+    name = "cuda"
+
+    def __init__(self, backend: Any | None = None) -> None:
+        self.backend = backend if backend is not None else CupyBackend()
+
+    def check_available(self) -> None:
+        self.backend.check_available()
+
+    def identity(self) -> NodeIdentity:
+        self.check_available()
+        return self.backend.identity()
+
+    def build_plan(self, graph: Graph, precision: str = "fp32", conv_algo: str = "im2col") -> DevicePlan:
+        if precision not in DTYPES:
+            raise ValueError(f"cuda runtime precision {precision!r}: expected fp32 or fp16 (int8 needs TensorRT)")
+        if conv_algo not in ck.CONV_ALGOS:
+            raise ValueError(f"conv algorithm {conv_algo!r}: expected one of {', '.join(ck.CONV_ALGOS)}")
+        ctx = ck.DeviceContext(self.backend.xp, DTYPES[precision], conv_algo, self.backend.fused_epilogue())
+        return DevicePlan(graph, ctx, self.backend.to_host)
+
+    def prepare(self, graph: Graph, options: dict[str, Any]) -> CudaExecutable:
+        """Options come from engine.json; an engine folder's cuda_tuning.json, if any, is authoritative."""
+        self.check_available()
+        opts = dict(options)
+        engine_dir = opts.get("engine_dir")
+        if engine_dir and (Path(engine_dir) / TUNING_FILE).is_file():
+            opts.update(json.loads((Path(engine_dir) / TUNING_FILE).read_text())["choice"])
+        plan = self.build_plan(graph, opts.get("precision", "fp32"), opts.get("conv_algo", "im2col"))
+        return CudaExecutable(plan, self.backend, bool(opts.get("cuda_graphs", True)), int(opts.get("contexts", 2)))
+
+    def candidates(self) -> list[Choice]:
+        graphs = (True, False) if self.backend.can_capture else (False,)
+        return [Choice(a, g) for a in ck.CONV_ALGOS for g in graphs]
+
+    def tune(self, graph: Graph, target: Target, golden: dict[int, Any], repeats: int = 10) -> dict[str, Any]:
+        """Time every candidate on this GPU at the largest golden batch; keep the fastest one whose
+        outputs match TensorFlow's golden outputs within the precision's tolerance."""
+        self.check_available()
+        precision = target.precision
+        tol = TOLERANCE.get(precision)
+        if tol is None:
+            raise ValueError(f"cuda runtime precision {precision!r}: expected fp32 or fp16 (int8 needs TensorRT)")
+        if not golden:
+            raise ValueError("tuning needs golden inputs and outputs; the package has none")
+        batch = max(golden)
+        report: dict[str, Any] = {}
+        best: tuple[float, Choice] | None = None
+        for choice in self.candidates():
+            exe = self.prepare(copy.deepcopy(graph), {"precision": precision, "conv_algo": choice.conv_algo,
+                                                      "cuda_graphs": choice.cuda_graphs, "contexts": 1})
+            errors = {}
+            for b, (ins, outs) in sorted(golden.items()):
+                got = exe.run([ins[v.name] for v in graph.inputs])
+                errors[b] = max(relative_error(g, outs[o.name]) for g, o in zip(got, graph.outputs))
+            feeds = [golden[batch][0][v.name] for v in graph.inputs]
+            exe.run(feeds)
+            times = []
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                exe.run(feeds)
+                times.append(time.perf_counter() - t0)
+            ms = float(np.median(times) * 1e3)
+            ok = max(errors.values()) <= tol
+            report[choice.label()] = {"median_ms": round(ms, 4), "max_rel_error": max(errors.values()), "accurate": ok}
+            if ok and (best is None or ms < best[0]):
+                best = (ms, choice)
+        if best is None:
+            raise KernelError(f"no cuda configuration matches the golden outputs within {tol} ({precision}): {report}")
+        choice = best[1]
+        chosen = {"precision": precision, "conv_algo": choice.conv_algo, "cuda_graphs": choice.cuda_graphs, "contexts": 2}
+        tuning = {"choice": chosen, "tuned_batch": batch, "candidates": report, "device": self.backend.name}
+        return {**chosen, "tuned_batch": batch, "candidates": report,
+                "_files": {TUNING_FILE: (json.dumps(tuning, indent=2, sort_keys=True) + "\n").encode()}}
+
+
+RUNTIME = CudaRuntime()
