@@ -29,7 +29,6 @@ from pathlib import Path
 import httpx
 import numpy as np
 
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -228,10 +227,9 @@ def main(argv: list[str] | None = None) -> int:
 
     package = args.package
     if package is None:
-        sys.path.insert(0, str(REPO / "tests"))
-        from model_zoo import Zoo
+        from _zoo import zoo  # bench/_zoo.py: the test zoo's cached small CNN
 
-        package = Zoo().package("small_cnn")
+        package = zoo().package("small_cnn")
     from kubetrt.runtime.package import read_manifest
 
     manifest = read_manifest(package)

@@ -117,7 +117,7 @@ def compare_output(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) 
 
 
 def _load(package_dir: Any, config: ServingConfig) -> ModelLike:
-    from kubetrt.runtime import load_model
+    from kubetrt.runtime import load_model  # the runtime's device libraries load only when serving
 
     return load_model(package_dir, config.device, engine_key=config.engine_key)
 

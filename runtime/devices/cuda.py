@@ -177,7 +177,7 @@ class DevicePlan:
                 raise KernelError(f"kernel {st.op} (node {st.name}) failed on the cuda device: {type(e).__name__}: {e}") from e
             for vid, r in zip(st.outs, results):
                 if vid >= 0:
-                    slots[vid] = self._upload(vid, r, capturing) if st.kind == "fallback" else r
+                    slots[vid] = self.ctx.upload(r) if st.kind == "fallback" else r
             for vid in st.frees:
                 slots[vid] = None
         outs = []

@@ -6,6 +6,7 @@ residual add, activation) is applied in place on the GEMM output while it is sti
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -113,14 +114,18 @@ def conv(spec: KernelSpec) -> Run:
             epilogue(y)
         return y
 
+    @functools.lru_cache(maxsize=64)
+    def geometry(h: int, wd: int, kh: int, kw: int) -> tuple[list[int], list[int], list[int], list[int], int, int]:
+        """Resolved padding and output size per input size: once per shape, not per call."""
+        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
+        return strides, dil, b, e, out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+
     def core(x: np.ndarray, w: np.ndarray, w2: np.ndarray | None) -> np.ndarray:
         if x.ndim != 4:
             raise ValueError(f"Conv {spec.name}: expected a 4-D NCHW input, got shape {x.shape}")
         o, cg, kh, kw = w.shape
         n, c, h, wd = x.shape
-        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
-        oh = out_size(h, kh, strides[0], dil[0], b[0], e[0])
-        ow = out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+        strides, dil, b, e, oh, ow = geometry(h, wd, kh, kw)
         if c != cg * group:
             raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
         pointwise = kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e)
@@ -147,9 +152,7 @@ def conv(spec: KernelSpec) -> Run:
         kh, kw = w.shape[2:]
         if c != group or x.dtype != np.float32:
             return run(x, w, bias, residual)
-        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
-        oh = out_size(h, kh, strides[0], dil[0], b[0], e[0])
-        ow = out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+        strides, dil, b, e, oh, ow = geometry(h, wd, kh, kw)
         kind, lo, hi = jit_act  # type: ignore[misc]
         return (jit.depthwise_conv(pad_spatial(x, b, e), w, bias if has_bias else None, strides, dil, oh, ow, kind, lo, hi),)
 
