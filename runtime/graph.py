@@ -49,3 +49,27 @@ class Graph:
 
     def output_names(self) -> set[str]:
         return {o.name for o in self.outputs}
+
+
+def toposort(graph: Graph) -> Graph:
+    """Stable topological order. Fusion can move a read before its producer (a fused residual
+    add takes the convolution's place, the shortcut branch may come later), so passes re-sort."""
+    available = {v.name for v in graph.inputs} | set(graph.constants) | {""}
+    pending = list(graph.nodes)
+    ordered: list[Node] = []
+    while pending:
+        progressed = False
+        rest = []
+        for node in pending:
+            if all(i in available for i in node.inputs):
+                ordered.append(node)
+                available.update(node.outputs)
+                progressed = True
+            else:
+                rest.append(node)
+        if not progressed:
+            missing = sorted({i for n in rest for i in n.inputs if i not in available})
+            raise ValueError(f"graph has a cycle or reads values nothing produces: {missing[:5]}")
+        pending = rest
+    graph.nodes = ordered
+    return graph

@@ -74,3 +74,48 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
 
         split_range(lambda lo, hi: _depthwise(*args, lo, hi), planes, parts)
     return out
+
+
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True)
+    def _depthwise_nhwc(xp, w, bias, out, sh, sw, dh, dw, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
+        # rows = (n, oh) pairs; the channel loop is innermost and contiguous, so it vectorizes
+        _, oh, ow, c = out.shape
+        kh, kw = w.shape[0], w.shape[1]
+        for r in range(start, stop):
+            b = r // oh
+            i = r % oh
+            for j in range(ow):
+                acc = out[b, i, j]
+                for ch in range(c):
+                    acc[ch] = bias[ch]
+                for a in range(kh):
+                    for e in range(kw):
+                        src = xp[b, i * sh + a * dh, j * sw + e * dw]
+                        wt = w[a, e]
+                        for ch in range(c):
+                            acc[ch] += src[ch] * wt[ch]
+                if act == 1:
+                    for ch in range(c):
+                        acc[ch] = max(acc[ch], 0.0)
+                elif act == 2:
+                    for ch in range(c):
+                        acc[ch] = min(max(acc[ch], lo), hi)
+
+
+def depthwise_conv_nhwc(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], oh: int, ow: int, act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+    """NHWC depthwise convolution (w: kh, kw, C) of a padded float32 tensor, epilogue fused."""
+    n, _, _, c = xp.shape
+    out = np.empty((n, oh, ow, c), dtype=xp.dtype)
+    b = np.zeros(c, dtype=xp.dtype) if bias is None else np.ascontiguousarray(bias, dtype=xp.dtype)
+    args = (np.ascontiguousarray(xp), w, b, out, strides[0], strides[1], dil[0], dil[1], act, xp.dtype.type(lo), xp.dtype.type(hi))
+    rows = n * oh
+    parts = min(THREADS, max(1, out.size // MIN_WORK_PER_THREAD))
+    if parts <= 1:
+        _depthwise_nhwc(*args, 0, rows)
+    else:
+        from .parallel import split_range
+
+        split_range(lambda lo_, hi_: _depthwise_nhwc(*args, lo_, hi_), rows, parts)
+    return out

@@ -205,7 +205,21 @@ def gather_elements(spec: KernelSpec) -> Run:
     return lambda x, idx: (np.take_along_axis(x, idx.astype(np.int64), axis=axis),)
 
 
-@register("Pad", lambda s: [(None, s.dtypes[0])])
+def _pad_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    s = spec.shapes[0]
+    pads = _ints(spec.const(1)) if spec.has(1) else spec.attr("pads")
+    if s is None or pads is None or (spec.has(3) and spec.const(3) is None):
+        return [(None, spec.dtypes[0])]
+    axes = _ints(spec.const(3)) if spec.has(3) else list(range(len(s)))
+    out = list(s)
+    for j, a in enumerate(axes):  # type: ignore[arg-type]
+        a = norm_axis(a, len(s))
+        if out[a] != -1:
+            out[a] += pads[j] + pads[j + len(axes)]  # type: ignore[arg-type]
+    return [(tuple(out), spec.dtypes[0])]
+
+
+@register("Pad", _pad_shape)
 def pad(spec: KernelSpec) -> Run:
     mode = spec.attr("mode", "constant")
     np_mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]

@@ -1,13 +1,14 @@
 """Compiler passes over the Graph IR, run in order by `optimize`."""
 from __future__ import annotations
 
-from ..graph import Graph
+from ..graph import Graph, toposort
 from .constant_folding import fold_constants
 from .dce import eliminate_dead_nodes
 from .fusion import fuse
+from .layout import to_nhwc
 from .shape_inference import infer_shapes
 
-PIPELINE = ("fold_constants", "fuse", "eliminate_dead_nodes", "infer_shapes")
+PIPELINE = ("infer_shapes", "fold_constants", "fuse", "to_nhwc", "eliminate_dead_nodes", "infer_shapes")
 
 
 def optimize(graph: Graph, fusion: bool = True) -> Graph:
@@ -15,10 +16,12 @@ def optimize(graph: Graph, fusion: bool = True) -> Graph:
     fold_constants(graph)
     infer_shapes(graph)
     if fusion:
-        fuse(graph)
+        toposort(fuse(graph))
+        infer_shapes(graph)
+        toposort(to_nhwc(graph))
     eliminate_dead_nodes(graph)
     infer_shapes(graph)
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "to_nhwc", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

@@ -163,3 +163,45 @@ def test_unsupported_op_fails_at_load_naming_op_node_and_supported_list() -> Non
         compiled(model)
     msg = str(err.value)
     assert "op Det" in msg and "det_y" in msg and "Conv" in msg and "MatMul" in msg
+
+
+def test_layout_pass_runs_conv_chains_in_nhwc_with_transposes_only_at_the_edges() -> None:
+    nodes = [
+        node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]),
+        node("Relu", ["c1"], ["r1"]),
+        node("Pad", ["r1", "p"], ["pd"]),
+        node("MaxPool", ["pd"], ["m"], kernel_shape=[3, 3], strides=[2, 2]),
+        node("Conv", ["m", "w2"], ["c2"], group=8, pads=[1, 1, 1, 1]),
+        node("Mul", ["c2", "scale"], ["s"]),
+        node("Conv", ["m", "w3"], ["c3"]),
+        node("Concat", ["s", "c3"], ["cat"], axis=1),
+        node("GlobalAveragePool", ["cat"], ["g"]),
+        node("Flatten", ["g"], ["y"]),
+    ]
+    consts = {"w1": f32(8, 3, 3, 3), "b1": f32(8), "p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64),
+              "w2": f32(8, 1, 3, 3), "scale": f32(1, 8, 1, 1), "w3": f32(4, 8, 1, 1)}
+    feeds = {"x": f32(2, 3, 12, 12)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    ops = [k.op for k in compiled(model).kernels]
+    assert ops.count("FusedConvNHWC") == 3 and "MaxPoolNHWC" in ops and "GlobalAveragePoolNHWC" in ops
+    assert ops.count("Transpose") == 2  # into NHWC after the input, back to NCHW before Flatten
+    assert_same_as_ort(model, feeds)
+
+
+def test_fused_residual_from_a_later_branch_keeps_topological_order() -> None:
+    # ResNet's projection shortcut: the main path's last conv is listed before the shortcut conv,
+    # so fusing the Add into it makes it read a value produced later unless passes re-sort.
+    nodes = [
+        node("Conv", ["x", "wa"], ["a"], pads=[1, 1, 1, 1]),
+        node("Relu", ["a"], ["ra"]),
+        node("Conv", ["ra", "wb"], ["b"], pads=[1, 1, 1, 1]),
+        node("Conv", ["x", "ws"], ["s"]),
+        node("Add", ["b", "s"], ["sum"]),
+        node("Relu", ["sum"], ["y"]),
+    ]
+    consts = {"wa": f32(6, 4, 3, 3), "wb": f32(6, 6, 3, 3), "ws": f32(6, 4, 1, 1)}
+    feeds = {"x": f32(2, 4, 7, 7)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    prog = compiled(model)
+    assert [k.op for k in prog.kernels].count("FusedConvNHWC") == 3 and "Add" not in [k.op for k in prog.kernels]
+    assert_same_as_ort(model, feeds)

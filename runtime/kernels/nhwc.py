@@ -1,0 +1,164 @@
+"""NHWC twins of the convolution-family kernels, produced by the layout pass (passes/layout.py).
+
+Attributes keep their ONNX (NCHW) meaning; only the tensor layout differs. Weights are
+re-laid out once, in the factory: (kh*kw*C, O) for GEMM, (kh, kw, C) for depthwise.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import numpy as np
+from numpy.lib.stride_tricks import as_strided
+
+from . import jit, parallel
+from .nn import _jit_activation, conv_geometry, make_epilogue, out_size
+from .registry import KernelSpec, Run, register
+
+
+def pad_hw(x: np.ndarray, begin: list[int], end: list[int], value: float = 0.0) -> np.ndarray:
+    if not any(begin) and not any(end):
+        return x
+    n, h, w, c = x.shape
+    out = np.empty((n, h + begin[0] + end[0], w + begin[1] + end[1], c), dtype=x.dtype)
+    out[:, : begin[0]] = value
+    out[:, h + begin[0] :] = value
+    out[:, :, : begin[1]] = value
+    out[:, :, w + begin[1] :] = value
+    out[:, begin[0] : begin[0] + h, begin[1] : begin[1] + w] = x
+    return out
+
+
+def windows_hw(xp: np.ndarray, k: tuple[int, int], strides: list[int], dil: list[int], oh: int, ow: int) -> np.ndarray:
+    """View (N, OH, OW, kh, kw, C): im2col rows without a copy."""
+    n, _, _, c = xp.shape
+    sn, sh, sw, sc = xp.strides
+    return as_strided(xp, shape=(n, oh, ow, k[0], k[1], c),
+                      strides=(sn, sh * strides[0], sw * strides[1], sh * dil[0], sw * dil[1], sc), writeable=False)
+
+
+def _nhwc_conv_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    xs, ws = spec.shapes[0], spec.shapes[1]
+    if xs is None or ws is None or len(xs) != 4 or -1 in xs[1:3]:
+        return [(None, spec.dtypes[0])]
+    k = tuple(ws[2:])
+    strides, dil, b, e = conv_geometry(spec, tuple(xs[1:3]), k)
+    return [((xs[0], out_size(xs[1], k[0], strides[0], dil[0], b[0], e[0]), out_size(xs[2], k[1], strides[1], dil[1], b[1], e[1]), ws[0]), spec.dtypes[0])]
+
+
+@register("FusedConvNHWC", _nhwc_conv_shape)
+def conv_nhwc(spec: KernelSpec) -> Run:
+    w = spec.const(1)
+    assert w is not None, "the layout pass only rewrites convolutions with constant weights"
+    o, cg, kh, kw = w.shape
+    group = spec.attr("group", 1)
+    epilogue = make_epilogue(spec.attrs)
+    residual_inplace = 3 in spec.inplace
+    depthwise = group > 1 and group == o and cg == 1
+    jit_act = _jit_activation(spec.attrs.get("activation"))
+    use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
+    w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
+    w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
+    w_groups = [np.ascontiguousarray(w[g * (o // group):(g + 1) * (o // group)].transpose(2, 3, 1, 0).reshape(kh * kw * cg, -1))
+                for g in range(group)] if not depthwise and group > 1 else []
+
+    @functools.lru_cache(maxsize=64)
+    def geometry(h: int, wd: int) -> tuple[list[int], list[int], list[int], list[int], int, int]:
+        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
+        return strides, dil, b, e, out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+
+    def run(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        n, h, wd, c = x.shape
+        if c != cg * group:
+            raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
+        strides, dil, b, e, oh, ow = geometry(h, wd)
+        if use_jit:
+            kind, lo, hi = jit_act  # type: ignore[misc]
+            return (jit.depthwise_conv_nhwc(pad_hw(x, b, e), w_dw, bias, strides, dil, oh, ow, kind, lo, hi),)  # type: ignore[arg-type]
+        if depthwise:
+            y = _depthwise_numpy(pad_hw(x, b, e), w_dw, strides, dil, oh, ow)  # type: ignore[arg-type]
+        elif group == 1 and kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e):
+            y = parallel.matmul(x.reshape(-1, c), w_gemm).reshape(n, oh, ow, o)  # type: ignore[arg-type]
+        else:
+            win = windows_hw(pad_hw(x, b, e), (kh, kw), strides, dil, oh, ow)
+            if group == 1:
+                y = parallel.matmul(win.reshape(n * oh * ow, kh * kw * c), w_gemm).reshape(n, oh, ow, o)  # type: ignore[arg-type]
+            else:
+                og = o // group
+                y = np.empty((n, oh, ow, o), dtype=x.dtype)
+                for g in range(group):
+                    cols = win[..., g * cg:(g + 1) * cg].reshape(n * oh * ow, kh * kw * cg)
+                    y[..., g * og:(g + 1) * og] = (cols @ w_groups[g]).reshape(n, oh, ow, og)
+        if bias is not None:
+            y += bias
+        if residual is not None:
+            if residual_inplace and residual.flags.writeable and residual.shape == y.shape:
+                residual += y
+                y = residual
+            else:
+                y += residual
+        if epilogue is not None:
+            epilogue(y)
+        return (y,)
+
+    return run
+
+
+def _depthwise_numpy(xp: np.ndarray, w: np.ndarray, strides: list[int], dil: list[int], oh: int, ow: int) -> np.ndarray:
+    kh, kw, c = w.shape
+    out = np.zeros((xp.shape[0], oh, ow, c), dtype=xp.dtype)
+    for i in range(kh):
+        for j in range(kw):
+            r0, c0 = i * dil[0], j * dil[1]
+            out += xp[:, r0:r0 + (oh - 1) * strides[0] + 1:strides[0], c0:c0 + (ow - 1) * strides[1] + 1:strides[1]] * w[i, j]
+    return out
+
+
+def _nhwc_pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    xs = spec.shapes[0]
+    k = tuple(spec.attr("kernel_shape") or ())
+    if xs is None or len(xs) != 4 or -1 in xs[1:3]:
+        return [(None, spec.dtypes[0])]
+    strides, dil, b, e = conv_geometry(spec, tuple(xs[1:3]), k)
+    ceil = bool(spec.attr("ceil_mode", 0))
+    return [((xs[0], out_size(xs[1], k[0], strides[0], dil[0], b[0], e[0], ceil), out_size(xs[2], k[1], strides[1], dil[1], b[1], e[1], ceil), xs[3]), spec.dtypes[0])]
+
+
+@register(["MaxPoolNHWC", "AveragePoolNHWC"], _nhwc_pool_shape)
+def pool_nhwc(spec: KernelSpec) -> Run:
+    from .nn import pool
+
+    nchw = pool(KernelSpec(spec.op.replace("NHWC", ""), spec.name, spec.attrs, spec.consts, spec.shapes, spec.dtypes, spec.n_outputs))
+    k = tuple(spec.attr("kernel_shape"))
+    is_max, ceil = spec.op == "MaxPoolNHWC", bool(spec.attr("ceil_mode", 0))
+    simple_max = is_max and not ceil
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if not simple_max:  # rare variants (ceil mode, averages with padding) reuse the NCHW code
+            (y,) = nchw(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+            return (np.ascontiguousarray(y.transpose(0, 2, 3, 1)),)
+        n, h, wd, c = x.shape
+        strides, dil, b, e = conv_geometry(spec, (h, wd), k)
+        oh = out_size(h, k[0], strides[0], dil[0], b[0], e[0])
+        ow = out_size(wd, k[1], strides[1], dil[1], b[1], e[1])
+        xp = pad_hw(x, b, e, -np.inf)
+        out: np.ndarray | None = None
+        for i in range(k[0]):
+            for j in range(k[1]):
+                r0, c0 = i * dil[0], j * dil[1]
+                v = xp[:, r0:r0 + (oh - 1) * strides[0] + 1:strides[0], c0:c0 + (ow - 1) * strides[1] + 1:strides[1]]
+                out = v.copy() if out is None else np.maximum(out, v, out=out)
+        return (out,)  # type: ignore[return-value]
+
+    return run
+
+
+def _nhwc_global_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+    xs = spec.shapes[0]
+    return [(None if xs is None else (xs[0], 1, 1, xs[3]), spec.dtypes[0])]
+
+
+@register(["GlobalAveragePoolNHWC", "GlobalMaxPoolNHWC"], _nhwc_global_shape)
+def global_pool_nhwc(spec: KernelSpec) -> Run:
+    f: Any = np.mean if spec.op == "GlobalAveragePoolNHWC" else np.max
+    return lambda x: (np.asarray(f(x, axis=(1, 2), keepdims=True), dtype=x.dtype),)

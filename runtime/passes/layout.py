@@ -1,0 +1,210 @@
+"""Layout choice: run convolution-family ops in NHWC and sink the transposes until they cancel.
+
+NumPy's GEMM is fastest with one tall matrix: in NHWC an im2col convolution is a single
+(N*OH*OW, kh*kw*C) x (kh*kw*C, O) product whose result already is the next layer's input, and a
+pointwise convolution needs no copy at all. Converters hand us NCHW (with a Transpose at the
+input), so each conv-family node is rewritten as its NHWC twin between two Transposes, and the
+Transposes are then pushed through layout-agnostic ops until adjacent pairs compose to identity.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, Node
+
+TO_NHWC = [0, 2, 3, 1]
+TO_NCHW = [0, 3, 1, 2]
+FAMILY = {"FusedConv": "FusedConvNHWC", "MaxPool": "MaxPoolNHWC", "AveragePool": "AveragePoolNHWC",
+          "GlobalAveragePool": "GlobalAveragePoolNHWC", "GlobalMaxPool": "GlobalMaxPoolNHWC"}
+UNARY = {"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Clip", "Gelu", "Elu", "Softplus",
+         "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Erf", "Identity", "Cast"}
+BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
+MIN_FAMILY_NODES = 2  # one lone convolution is cheaper with no transposes at all
+
+
+def compose(first: list[int], then: list[int]) -> list[int]:
+    """Perm of Transpose(then) applied after Transpose(first)."""
+    return [first[k] for k in then]
+
+
+def inverse(perm: list[int]) -> list[int]:
+    inv = [0] * len(perm)
+    for k, p in enumerate(perm):
+        inv[p] = k
+    return inv
+
+
+class _Rewriter:
+    def __init__(self, graph: Graph) -> None:
+        self.g = graph
+        self.counter = 0
+
+    def fresh(self, base: str) -> str:
+        self.counter += 1
+        return f"{base}:layout{self.counter}"
+
+    def producer(self, value: str) -> Node | None:
+        return next((n for n in self.g.nodes if value in n.outputs), None)
+
+    def users(self, value: str) -> list[Node]:
+        return [n for n in self.g.nodes if value in n.inputs]
+
+    def single_use_transpose(self, value: str) -> Node | None:
+        p = self.producer(value)
+        if p is None or p.op != "Transpose" or value in self.g.output_names():
+            return None
+        return p if len(self.users(value)) == 1 else None
+
+    def transpose(self, src: str, perm: list[int], out: str | None = None) -> Node:
+        out = out or self.fresh(src)
+        return Node("Transpose", self.fresh("transpose"), [src], [out], {"perm": list(perm)})
+
+    def insert_before(self, anchor: Node, node: Node) -> None:
+        self.g.nodes.insert(self.g.nodes.index(anchor), node)
+
+    def insert_after(self, anchor: Node, node: Node) -> None:
+        self.g.nodes.insert(self.g.nodes.index(anchor) + 1, node)
+
+
+def _rank4(graph: Graph, value: str) -> bool:
+    v = graph.values.get(value)
+    return v is not None and v.shape is not None and len(v.shape) == 4
+
+
+def to_nhwc(graph: Graph) -> Graph:
+    family = [n for n in graph.nodes if n.op in FAMILY and _rank4(graph, n.inputs[0])
+              and (n.op != "FusedConv" or n.inputs[1] in graph.constants)]
+    if len(family) < MIN_FAMILY_NODES:
+        return graph
+    rw = _Rewriter(graph)
+    for node in family:
+        operands = [0, 3] if node.op == "FusedConv" else [0]
+        for i in operands:
+            if i < len(node.inputs) and node.inputs[i]:
+                t = rw.transpose(node.inputs[i], TO_NHWC)
+                rw.insert_before(node, t)
+                node.inputs[i] = t.outputs[0]
+        out = node.outputs[0]
+        node.outputs[0] = rw.fresh(out)
+        node.op = FAMILY[node.op]
+        rw.insert_after(node, rw.transpose(node.outputs[0], TO_NCHW, out))
+    while any(rule(rw) for rule in (_cancel, _sink_unary, _sink_binary, _sink_pad, _sink_concat)):
+        pass
+    return graph
+
+
+def _replace_uses(rw: _Rewriter, old: str, new: str) -> None:
+    for n in rw.g.nodes:
+        n.inputs = [new if i == old else i for i in n.inputs]
+
+
+def _cancel(rw: _Rewriter) -> bool:
+    for t2 in rw.g.nodes:
+        if t2.op != "Transpose":
+            continue
+        t1 = rw.producer(t2.inputs[0])
+        if t1 is None or t1.op != "Transpose":
+            continue
+        perm = compose(t1.attrs["perm"], t2.attrs["perm"])
+        if perm == list(range(len(perm))):
+            if t2.outputs[0] in rw.g.output_names():
+                t2.op, t2.inputs, t2.attrs = "Identity", [t1.inputs[0]], {}
+            else:
+                _replace_uses(rw, t2.outputs[0], t1.inputs[0])
+                rw.g.nodes.remove(t2)
+        else:
+            t2.inputs, t2.attrs = [t1.inputs[0]], {"perm": perm}
+        if not rw.users(t1.outputs[0]) and t1.outputs[0] not in rw.g.output_names():
+            rw.g.nodes.remove(t1)
+        return True
+    return False
+
+
+def _move_after(rw: _Rewriter, node: Node, t: Node, sources: dict[int, str]) -> None:
+    """node(T(x)...) -> T(node(x)...): node reads the transposes' sources, one T follows it."""
+    for i, src in sources.items():
+        node.inputs[i] = src
+    out = node.outputs[0]
+    node.outputs[0] = rw.fresh(out)
+    rw.g.nodes.remove(t)
+    rw.insert_after(node, Node("Transpose", t.name, [node.outputs[0]], [out], dict(t.attrs)))
+
+
+def _sink_unary(rw: _Rewriter) -> bool:
+    for node in rw.g.nodes:
+        if node.op not in UNARY or len(node.outputs) != 1:
+            continue
+        if any(i and i not in rw.g.constants for i in node.inputs[1:]):
+            continue
+        t = rw.single_use_transpose(node.inputs[0])
+        if t is not None:
+            _move_after(rw, node, t, {0: t.inputs[0]})
+            return True
+    return False
+
+
+def _sink_binary(rw: _Rewriter) -> bool:
+    for node in rw.g.nodes:
+        if node.op not in BINARY or len(node.inputs) != 2:
+            continue
+        ts = [rw.single_use_transpose(i) for i in node.inputs]
+        if all(ts) and ts[0] is not ts[1] and ts[0].attrs["perm"] == ts[1].attrs["perm"]:  # type: ignore[union-attr]
+            perm = ts[0].attrs["perm"]  # type: ignore[union-attr]
+            rw.g.nodes.remove(ts[1])  # type: ignore[arg-type]
+            _move_after(rw, node, ts[0], {0: ts[0].inputs[0], 1: ts[1].inputs[0]})  # type: ignore[union-attr]
+            assert perm
+            return True
+        for k in (0, 1):
+            t, other = ts[k], node.inputs[1 - k]
+            if t is None or other not in rw.g.constants:
+                continue
+            perm = t.attrs["perm"]
+            c = rw.g.constants[other]
+            if c.ndim > len(perm):
+                continue
+            c4 = c.reshape((1,) * (len(perm) - c.ndim) + c.shape)
+            name = rw.fresh(other)
+            rw.g.constants[name] = np.ascontiguousarray(np.transpose(c4, inverse(perm)))
+            _move_after(rw, node, t, {k: t.inputs[0], 1 - k: name})
+            return True
+    return False
+
+
+def _sink_pad(rw: _Rewriter) -> bool:
+    for node in rw.g.nodes:
+        if node.op != "Pad" or len(node.inputs) < 2 or node.inputs[1] not in rw.g.constants:
+            continue
+        if len(node.inputs) > 3 and node.inputs[3]:
+            continue
+        t = rw.single_use_transpose(node.inputs[0])
+        if t is None:
+            continue
+        perm = t.attrs["perm"]
+        pads = rw.g.constants[node.inputs[1]].reshape(-1)
+        r = len(perm)
+        begin, end = np.zeros(r, np.int64), np.zeros(r, np.int64)
+        for k in range(r):
+            begin[perm[k]], end[perm[k]] = pads[k], pads[k + r]
+        name = rw.fresh(node.inputs[1])
+        rw.g.constants[name] = np.concatenate([begin, end])
+        node.inputs[1] = name
+        _move_after(rw, node, t, {0: t.inputs[0]})
+        return True
+    return False
+
+
+def _sink_concat(rw: _Rewriter) -> bool:
+    for node in rw.g.nodes:
+        if node.op != "Concat":
+            continue
+        ts = [rw.single_use_transpose(i) for i in node.inputs]
+        if not all(ts) or len({tuple(t.attrs["perm"]) for t in ts}) != 1 or len(set(map(id, ts))) != len(ts):  # type: ignore[union-attr]
+            continue
+        perm = ts[0].attrs["perm"]  # type: ignore[union-attr]
+        axis = node.attrs["axis"] % len(perm)
+        node.attrs = {**node.attrs, "axis": perm[axis]}
+        for t in ts[1:]:
+            rw.g.nodes.remove(t)  # type: ignore[arg-type]
+        _move_after(rw, node, ts[0], {i: t.inputs[0] for i, t in enumerate(ts)})  # type: ignore[union-attr]
+        return True
+    return False
