@@ -109,7 +109,7 @@ def model_flops(package: Path) -> float:
         if out is None or out.shape is None:
             continue
         size = float(np.prod([1 if d == -1 else d for d in out.shape]))
-        if n.op in ("Conv", "FusedConv"):
+        if n.op in ("Conv", "FusedConv", "FusedConvNHWC"):
             w = g.constants[n.inputs[1]]
             total += 2 * size * np.prod(w.shape[1:])
         elif n.op in ("MatMul", "FusedMatMul", "Gemm"):

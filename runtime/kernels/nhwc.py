@@ -56,6 +56,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     residual_inplace = 3 in spec.inplace
     depthwise = group > 1 and group == o and cg == 1
     jit_act = _jit_activation(spec.attrs.get("activation"))
+    jit_epilogue = jit.AVAILABLE and jit_act is not None
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
     w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
     w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
@@ -89,10 +90,15 @@ def conv_nhwc(spec: KernelSpec) -> Run:
                 for g in range(group):
                     cols = win[..., g * cg:(g + 1) * cg].reshape(n * oh * ow, kh * kw * cg)
                     y[..., g * og:(g + 1) * og] = (cols @ w_groups[g]).reshape(n, oh, ow, og)
+        if residual is not None and residual.shape != y.shape:
+            raise ValueError(f"Conv {spec.name}: residual shape {residual.shape} differs from output {y.shape}")
+        if jit_epilogue and y.dtype == np.float32 and (residual is None or residual.flags.c_contiguous):
+            kind, lo, hi = jit_act  # type: ignore[misc]
+            return (jit.epilogue_rows(y, bias, residual, kind, lo, hi),)
         if bias is not None:
             y += bias
         if residual is not None:
-            if residual_inplace and residual.flags.writeable and residual.shape == y.shape:
+            if residual_inplace and residual.flags.writeable:
                 residual += y
                 y = residual
             else:
