@@ -74,7 +74,7 @@ class Program:
         return ", ".join(f"{op}x{n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1]))
 
 
-def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concurrent: bool = False) -> Program:
+def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concurrent: bool = False, layout: bool = True) -> Program:
     """Optimize `graph` and lower it to a Program of kernels for `device`.
 
     `concurrent=True` plans memory for the dataflow executor, where "last in program order" is
@@ -82,7 +82,7 @@ def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concu
     """
     nodes_before = len(graph.nodes)
     _check_supported(graph, device)
-    optimize(graph, fusion=fusion)
+    optimize(graph, fusion=fusion, layout=layout)
 
     ids: dict[str, int] = {}
     values: list[Value] = []

@@ -18,9 +18,10 @@ import queue
 import re
 import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -89,7 +90,7 @@ class DevicePlan:
     def __init__(self, graph: Graph, ctx: ck.DeviceContext, to_host: Callable[[Any], np.ndarray]) -> None:
         self.ctx = ctx
         self.to_host = to_host
-        prog = compile_graph(graph, "host")
+        prog = compile_graph(graph, "host", layout=False)  # device kernels are NCHW: cuBLAS over channels-first
         self.prog = prog
         node_by_name = {n.name: n for n in graph.nodes}
         kernels = ck.table()
@@ -226,7 +227,7 @@ def _act_expr(act: tuple[str, dict[str, Any]] | None) -> str | None:
     if not act:
         return "v"
     op, a = act
-    f = lambda k, d: repr(float(a.get(k, d))) + "f"  # noqa: E731
+    f = lambda k, d: repr(float(a.get(k, d))) + "f"
     exprs = {
         "Relu": "v > 0.f ? v : 0.f",
         "Sigmoid": "1.f / (1.f + expf(-v))",
@@ -322,7 +323,7 @@ class CupyBackend:
 
         return build
 
-    def capture(self, stream: Any, plan: DevicePlan, feeds: list[np.ndarray]) -> "_Captured":
+    def capture(self, stream: Any, plan: DevicePlan, feeds: list[np.ndarray]) -> _Captured:
         """Warm up on a private memory pool, then record the whole program as one CUDA Graph.
 
         The pool belongs to the graph: blocks freed during capture are reused only in capture
@@ -333,7 +334,7 @@ class CupyBackend:
         with cp.cuda.using_allocator(pool.malloc), stream:
             bufs = [cp.empty(f.shape, f.dtype) for f in feeds]
             for b, f in zip(bufs, feeds):
-                b.set(f)
+                b[...] = cp.asarray(f)
             plan.run_device(bufs)  # cuBLAS workspace, pool blocks, cached uploads
             stream.synchronize()
             stream.begin_capture()
@@ -394,6 +395,31 @@ class CudaExecutable:
                 outs = self.plan.run_device([xp.asarray(f) for f in feeds])
                 self._count("eager_runs")
                 return [self.backend.to_host(o) for o in outs]
+        finally:
+            self._pool.put(ctx)
+
+    @property
+    def streams(self) -> list[Any]:
+        """The contexts' streams (for CUDA-event timing in benchmarks)."""
+        ctxs = [self._pool.get() for _ in range(self._pool.qsize())]
+        for c in ctxs:
+            self._pool.put(c)
+        return [c.stream for c in ctxs]
+
+    def run_device(self, feeds: list[Any]) -> list[Any]:
+        """Device arrays in and out, no host copies: for device-to-device chaining and benchmarks.
+        With CUDA Graphs the outputs are the graph's buffers, valid until the context's next run."""
+        ctx = self._pool.get()
+        try:
+            with self.backend.on(ctx.stream):
+                key = tuple((tuple(f.shape), np.dtype(f.dtype).str) for f in feeds)
+                cap = self._graph_for(ctx, key, feeds) if self.cuda_graphs else None
+                if cap is not None:
+                    for buf, f in zip(cap.inputs, feeds):
+                        buf[...] = f
+                    cap.graph.launch(ctx.stream)
+                    return list(cap.outputs)
+                return self.plan.run_device(list(feeds))
         finally:
             self._pool.put(ctx)
 

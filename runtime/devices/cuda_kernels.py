@@ -12,8 +12,9 @@ operands (reshape targets, axes, pads) as host NumPy arrays, so nothing here syn
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 

@@ -11,14 +11,16 @@ from .shape_inference import infer_shapes
 PIPELINE = ("infer_shapes", "fold_constants", "fuse", "to_nhwc", "eliminate_dead_nodes", "infer_shapes")
 
 
-def optimize(graph: Graph, fusion: bool = True) -> Graph:
+def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
+    """All passes in order. `layout=False` keeps NCHW (device runtimes whose kernels are NCHW)."""
     infer_shapes(graph)
     fold_constants(graph)
     infer_shapes(graph)
     if fusion:
         toposort(fuse(graph))
-        infer_shapes(graph)
-        toposort(to_nhwc(graph))
+        if layout:
+            infer_shapes(graph)
+            toposort(to_nhwc(graph))
     eliminate_dead_nodes(graph)
     infer_shapes(graph)
     return graph

@@ -1,0 +1,75 @@
+"""GPU check: the cuda runtime on model packages vs TensorFlow's golden outputs (golden.npz).
+
+    PYTHONPATH=. python bench/gpu_check.py PKG_DIR [PKG_DIR ...] [--precision fp32 fp16]
+
+Runs each package at every golden batch size, eager and with CUDA Graph replay; fp32 must be
+within 1e-3 (relative to max(1, max|golden|), allowing TF32 GEMMs), fp16 within 1e-2. Prints a
+table; exits 1 if any check fails. Needs only numpy, onnx and cupy (no TensorFlow).
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import _bootstrap  # noqa: F401
+from kubetrt.runtime.devices.cuda import TOLERANCE, CudaRuntime, relative_error
+from kubetrt.runtime.errors import DeviceUnavailableError
+from kubetrt.runtime.model import load_graph
+from kubetrt.runtime.package import load_golden, open_package
+
+
+def check(package: Path, precision: str, graphs: bool, rt: CudaRuntime) -> list[dict]:
+    manifest = open_package(package)
+    graph = load_graph(package, manifest)
+    golden = load_golden(package, manifest)
+    exe = rt.prepare(copy.deepcopy(graph), {"precision": precision, "cuda_graphs": graphs, "contexts": 1})
+    rows = []
+    for batch, (ins, outs) in sorted(golden.items()):
+        feeds = [ins[v.name] for v in graph.inputs]
+        exe.run(feeds)  # capture (if graphs) happens here
+        t0 = time.perf_counter()
+        got = exe.run(feeds)
+        ms = (time.perf_counter() - t0) * 1e3
+        err = max(relative_error(g, outs[o.name]) for g, o in zip(got, graph.outputs))
+        rows.append({"model": manifest.name, "precision": precision, "mode": "graph" if exe.cuda_graphs else "eager",
+                     "batch": batch, "rel_err": err, "ok": err <= TOLERANCE[precision], "ms": ms})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("packages", nargs="+", type=Path)
+    ap.add_argument("--precision", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"])
+    args = ap.parse_args(argv)
+    rt = CudaRuntime()
+    try:
+        rt.check_available()
+    except DeviceUnavailableError as e:
+        print(f"{Path(__file__).name}: cuda runtime unavailable: {e}", file=sys.stderr)
+        return 2
+    ident = rt.identity()
+    print(f"# {ident.gpu_product}, compute capability {ident.compute_capability}, {ident.backend_version}")
+    rows = []
+    for pkg in args.packages:
+        for precision in args.precision:
+            for graphs in (False, True):
+                try:
+                    rows += check(pkg, precision, graphs, rt)
+                except Exception as e:  # report and keep checking the others
+                    rows.append({"model": pkg.name, "precision": precision, "mode": "graph" if graphs else "eager",
+                                 "batch": "-", "rel_err": float("nan"), "ok": False, "ms": 0.0, "error": f"{type(e).__name__}: {e}"})
+    print(f"{'model':<16} {'prec':<5} {'mode':<6} {'batch':>5} {'rel_err':>10} {'tol':>7} {'ms':>9}  result")
+    for r in rows:
+        print(f"{r['model']:<16} {r['precision']:<5} {r['mode']:<6} {r['batch']!s:>5} {r['rel_err']:>10.2e} "
+              f"{TOLERANCE[r['precision']]:>7.0e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')}")
+    failed = sum(not r["ok"] for r in rows)
+    print(f"{len(rows) - failed}/{len(rows)} checks passed")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,156 @@
+"""The cuda runtime's kernels, device plan, tuning and engine files, run with NumPy standing in
+for CuPy: a fake at the GPU boundary (no streams, no CUDA Graphs, no ElementwiseKernel), checked
+against TensorFlow's golden outputs. The GPU-only parts are in test_cuda_gpu.py and
+bench/gpu_check.py."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+from helpers import check_all_batches, fresh, load
+from kubetrt.runtime import load_model
+from kubetrt.runtime.devices import build_engine, cuda
+from kubetrt.runtime.devices.cuda import (
+    CaptureUnsafe,
+    CudaRuntime,
+    NumpyStandIn,
+    gfd_product,
+)
+from kubetrt.runtime.errors import KernelError
+from kubetrt.runtime.onnx_import import from_proto
+from kubetrt.runtime.target import BatchProfile, Target, TargetError
+from onnx import helper
+
+STAND_IN = CudaRuntime(NumpyStandIn())
+MODELS = ["small_cnn", "mlp", "transformer", "two_in_two_out"]
+
+
+@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("algo", ["im2col", "shifted"])
+def test_cuda_kernels_numpy_stand_in_fp32_matches_golden(zoo, name: str, algo: str) -> None:
+    graph, golden = load(zoo.package(name))
+    exe = STAND_IN.prepare(graph, {"precision": "fp32", "conv_algo": algo})
+    assert exe.plan.fallback_ops == [] and exe.plan.capturable, exe.plan.sync_reasons
+    check_all_batches(exe.run, graph, golden, 1e-4)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_cuda_kernels_numpy_stand_in_fp16_matches_golden(zoo, name: str) -> None:
+    graph, golden = load(zoo.package(name))
+    exe = STAND_IN.prepare(graph, {"precision": "fp16"})
+    if name == "small_cnn":  # weights really are half precision on the device
+        assert all(v.dtype == np.float16 for v in exe.plan.dev_consts.values() if v.dtype.kind == "f")
+    check_all_batches(exe.run, graph, golden, 1e-2)
+    for out in exe.run([golden[1][0][v.name] for v in graph.inputs]):
+        assert out.dtype != np.float16, "fp16 runs return the model's declared output dtype"
+
+
+def test_cuda_kernels_numpy_stand_in_fp16_is_really_reduced_precision(zoo) -> None:
+    graph, golden = load(zoo.package("transformer"))
+    ins, outs = golden[4]
+    fp32 = STAND_IN.prepare(fresh(graph), {"precision": "fp32"}).run([ins["embeddings"]])[0]
+    fp16 = STAND_IN.prepare(fresh(graph), {"precision": "fp16"}).run([ins["embeddings"]])[0]
+    e32, e16 = np.abs(fp32 - outs["output_0"]).max(), np.abs(fp16 - outs["output_0"]).max()
+    assert e16 > 10 * e32
+
+
+@pytest.mark.slow
+def test_cuda_kernels_numpy_stand_in_resnet50_fp32(zoo) -> None:
+    graph, golden = load(zoo.package("resnet50"))
+    check_all_batches(STAND_IN.prepare(graph, {"precision": "fp32"}).run, graph, golden, 1e-4)
+
+
+def _shape_scaled_graph():  # type: ignore[no-untyped-def]
+    """y = x * float(shape(x)[1]) + mean(x): shape arithmetic on the host feeding device math."""
+    nodes = [helper.make_node("Shape", ["x"], ["s"], name="shape"),
+             helper.make_node("Gather", ["s", "one"], ["d"], name="gather", axis=0),
+             helper.make_node("Cast", ["d"], ["df"], name="cast", to=1),
+             helper.make_node("Mul", ["x", "df"], ["m"], name="mul"),
+             helper.make_node("Reshape", ["m", "shape2"], ["y"], name="reshape")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [None, 4])],
+                          [helper.make_tensor_value_info("y", 1, None)],
+                          initializer=[helper.make_tensor("one", 7, [], [1]), helper.make_tensor("shape2", 7, [2], [-1, 2])])
+    return from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+
+
+def test_cuda_stand_in_shape_arithmetic_stays_on_host_and_replays_without_transfers() -> None:
+    """What makes CUDA Graph capture possible: host shape values are uploaded once per shape and
+    cached, so a capturing run after a warm-up with the same shapes transfers nothing."""
+    plan = STAND_IN.prepare(_shape_scaled_graph(), {}).plan
+    assert [st.kind for st in plan.steps] == ["host", "host", "host", "device", "device"] and plan.capturable
+    x = np.arange(8, dtype=np.float32).reshape(2, 4)
+    with pytest.raises(CaptureUnsafe):
+        plan.run_device([x], capturing=True)  # cold cache: the upload would be captured
+    plan.run_device([x])
+    plan.ctx.upload = lambda a: (_ for _ in ()).throw(AssertionError("upload during capture"))  # type: ignore[method-assign]
+    (y,) = plan.run_device([x], capturing=True)
+    np.testing.assert_array_equal(y, (x * 4).reshape(-1, 2))
+
+
+def test_cuda_stand_in_transformer_plan_keeps_shape_ops_on_host(zoo) -> None:
+    graph, golden = load(zoo.package("transformer"))
+    plan = STAND_IN.prepare(graph, {}).plan
+    host_ops = {st.op for st in plan.steps if st.kind == "host"}
+    assert "Shape" in host_ops and plan.capturable
+    assert all(st.kind == "device" for st in plan.steps if st.op in ("FusedMatMul", "MatMul", "Softmax"))
+
+
+def test_cuda_stand_in_ops_without_device_kernel_fall_back_and_disable_capture() -> None:
+    x = np.array([[3.0, 1.0, 2.0, 5.0]], np.float32)
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("TopK", ["r", "k"], ["v", "i"], name="topk", axis=-1),
+             helper.make_node("Neg", ["v"], ["y"], name="neg")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", 1, [None, 4])],
+                          [helper.make_tensor_value_info("y", 1, None), helper.make_tensor_value_info("i", 7, None)],
+                          initializer=[helper.make_tensor("k", 7, [1], [2])])
+    graph = from_proto(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]))
+    exe = STAND_IN.prepare(graph, {})
+    assert exe.plan.fallback_ops == ["TopK"] and not exe.plan.capturable
+    y, i = exe.run([x])
+    np.testing.assert_array_equal(y, [[-5.0, -3.0]])
+    np.testing.assert_array_equal(i, [[3, 0]])
+
+
+def test_cuda_stand_in_tune_picks_an_accurate_candidate_and_refuses_when_none_is(zoo, monkeypatch) -> None:
+    graph, golden = load(zoo.package("small_cnn"))
+    target = Target("cuda", "NumPy-Stand-In", "fp16", BatchProfile(1, 4, 4)).resolve("0.0", "x")
+    options = STAND_IN.tune(fresh(graph), target, golden, repeats=2)
+    assert options["conv_algo"] in ("im2col", "shifted") and options["precision"] == "fp16"
+    assert set(options["candidates"]) == {"im2col", "shifted"}
+    tuning = json.loads(options["_files"][cuda.TUNING_FILE])
+    assert tuning["choice"]["conv_algo"] == options["conv_algo"]
+    monkeypatch.setitem(cuda.TOLERANCE, "fp16", 1e-9)
+    with pytest.raises(KernelError, match="no cuda configuration matches the golden outputs"):
+        STAND_IN.tune(fresh(graph), target, golden, repeats=1)
+
+
+def test_cuda_stand_in_engine_build_load_and_refusal_on_another_gpu(zoo, tmp_path, monkeypatch) -> None:
+    """build_engine -> engine folder -> load_model(device='cuda') through the shared device API,
+    with the cuda runtime's GPU boundary replaced by the NumPy stand-in."""
+    backend = NumpyStandIn()
+    monkeypatch.setattr(cuda, "RUNTIME", CudaRuntime(backend))
+    pkg = zoo.package("mlp")
+    out = tmp_path / "engine"
+    meta = build_engine(pkg, Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 4, 8)), out)
+    assert (out / cuda.TUNING_FILE).is_file() and cuda.TUNING_FILE in meta["files"]
+    assert meta["key"].startswith("cuda_numpy-stand-in_sm00_")
+    model = load_model(pkg, "cuda", engine_dir=out)
+    graph, golden = load(pkg)
+    check_all_batches(lambda feeds: list(model.predict(dict(zip([v.name for v in graph.inputs], feeds))).values()), graph, golden, 1e-4)
+    with pytest.raises(TargetError, match="engines must be built on the GPU model they serve on"):
+        monkeypatch.setattr(backend, "identity", lambda: cuda.NodeIdentity("NVIDIA-A100-SXM4-40GB", "8.0", "x"))
+        load_model(pkg, "cuda", engine_dir=out)
+    monkeypatch.setattr(backend, "identity", lambda: cuda.NodeIdentity("NumPy-Stand-In", "9.0", meta["target"]["backend_version"]))
+    with pytest.raises(TargetError, match="does not match this node"):
+        load_model(pkg, "cuda", engine_dir=out)
+
+
+@pytest.mark.parametrize("name,label", [
+    ("NVIDIA H100 80GB HBM3", "NVIDIA-H100-80GB-HBM3"),
+    ("Tesla T4", "Tesla-T4"),
+    ("NVIDIA A100-SXM4-40GB", "NVIDIA-A100-SXM4-40GB"),
+    ("  NVIDIA  GeForce RTX 4090 ", "NVIDIA-GeForce-RTX-4090"),
+])
+def test_gpu_product_label_matches_gpu_feature_discovery(name: str, label: str) -> None:
+    assert gfd_product(name) == label
