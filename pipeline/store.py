@@ -58,12 +58,27 @@ class Published:
 
 
 def model_digest(manifest: Manifest) -> str:
-    """Content address of a lowered model: its non-engine file digests and its signature I/O."""
+    """Content address of a model: what it was lowered from and how, not the lowered bytes.
+
+    TensorFlow's CPU kernels are not bit-reproducible across runs (thread splits change float
+    rounding), so golden.npz differs in its last bits when the same SavedModel is lowered twice;
+    keying on it would rebuild engines for an unchanged model. The SavedModel digest, signature,
+    lowering settings and tool versions are stable. Packages without a source digest fall back to
+    their file digests.
+    """
+    source = manifest.source.get("digest")
+    tools = ("tensorflow", "tf2onnx", "onnx", "kubetrt")
     payload = {
-        "files": {k: v for k, v in sorted(manifest.files.items()) if not k.startswith(ENGINES + "/")},
         "inputs": [t.to_json() for t in manifest.inputs],
         "outputs": [t.to_json() for t in manifest.outputs],
+        "source": source,
+        "signature": manifest.signature,
+        "lowering": {"opset": manifest.onnx.get("opset"), "seed": manifest.golden.get("seed"),
+                     "batch_sizes": manifest.golden.get("batch_sizes"),
+                     "tools": {k: manifest.provenance.get(k) for k in tools}},
     }
+    if not source:
+        payload = {**payload, "files": {k: v for k, v in sorted(manifest.files.items()) if not k.startswith(ENGINES + "/")}}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
