@@ -13,6 +13,7 @@ import numpy as np
 from ..executor import DataflowExecutor, SequentialPlan
 from ..graph import Graph
 from ..kernels.parallel import single_threaded_blas
+from ..memory import keep_freed_memory
 from ..program import compile_graph
 from ..target import Target
 from . import NodeIdentity
@@ -39,6 +40,7 @@ class HostRuntime:
 
     def prepare(self, graph: Graph, options: dict[str, Any]) -> SequentialPlan | DataflowExecutor:
         single_threaded_blas()
+        keep_freed_memory()
         executor = options.get("executor", "sequential")
         if executor == "dataflow":
             return DataflowExecutor(compile_graph(graph, "host", concurrent=True), shared_pool())

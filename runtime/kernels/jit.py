@@ -78,11 +78,14 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
 
 if numba is not None:
 
-    @numba.njit(cache=True, nogil=True)
-    def _depthwise_nhwc(xp, w, bias, out, sh, sw, dh, dw, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
-        # rows = (n, oh) pairs; the channel loop is innermost and contiguous, so it vectorizes
+    @numba.njit(cache=True, nogil=True, fastmath=False)
+    def _depthwise_nhwc(x, w, bias, out, sh, sw, dh, dw, pt, pl, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
+        # Reads the unpadded input and skips taps that fall into the padding: no padded copy.
+        # Rows are (n, oh) pairs; the channel loop is innermost and contiguous, so it vectorizes.
+        _, h, wd, _ = x.shape
         _, oh, ow, c = out.shape
         kh, kw = w.shape[0], w.shape[1]
+        zero = np.float32(0.0)
         for r in range(start, stop):
             b = r // oh
             i = r % oh
@@ -91,25 +94,34 @@ if numba is not None:
                 for ch in range(c):
                     acc[ch] = bias[ch]
                 for a in range(kh):
+                    y = i * sh + a * dh - pt
+                    if y < 0 or y >= h:
+                        continue
                     for e in range(kw):
-                        src = xp[b, i * sh + a * dh, j * sw + e * dw]
+                        xx = j * sw + e * dw - pl
+                        if xx < 0 or xx >= wd:
+                            continue
+                        src = x[b, y, xx]
                         wt = w[a, e]
                         for ch in range(c):
                             acc[ch] += src[ch] * wt[ch]
                 if act == 1:
                     for ch in range(c):
-                        acc[ch] = max(acc[ch], 0.0)
+                        if acc[ch] < zero:
+                            acc[ch] = zero
                 elif act == 2:
                     for ch in range(c):
-                        acc[ch] = min(max(acc[ch], lo), hi)
+                        v = acc[ch]
+                        acc[ch] = lo if v < lo else (hi if v > hi else v)
 
 
-def depthwise_conv_nhwc(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], oh: int, ow: int, act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
-    """NHWC depthwise convolution (w: kh, kw, C) of a padded float32 tensor, epilogue fused."""
-    n, _, _, c = xp.shape
-    out = np.empty((n, oh, ow, c), dtype=xp.dtype)
-    b = np.zeros(c, dtype=xp.dtype) if bias is None else np.ascontiguousarray(bias, dtype=xp.dtype)
-    args = (np.ascontiguousarray(xp), w, b, out, strides[0], strides[1], dil[0], dil[1], act, xp.dtype.type(lo), xp.dtype.type(hi))
+def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int, act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+    """NHWC depthwise convolution (w: kh, kw, C) of an unpadded float32 tensor, epilogue fused."""
+    n, _, _, c = x.shape
+    out = np.empty((n, oh, ow, c), dtype=x.dtype)
+    b = np.zeros(c, dtype=x.dtype) if bias is None else np.ascontiguousarray(bias, dtype=x.dtype)
+    args = (np.ascontiguousarray(x), w, b, out, strides[0], strides[1], dil[0], dil[1], pads_begin[0], pads_begin[1],
+            act, x.dtype.type(lo), x.dtype.type(hi))
     rows = n * oh
     parts = min(THREADS, max(1, out.size // MIN_WORK_PER_THREAD))
     if parts <= 1:

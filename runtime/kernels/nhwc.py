@@ -75,7 +75,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
         strides, dil, b, e, oh, ow = geometry(h, wd)
         if use_jit:
             kind, lo, hi = jit_act  # type: ignore[misc]
-            return (jit.depthwise_conv_nhwc(pad_hw(x, b, e), w_dw, bias, strides, dil, oh, ow, kind, lo, hi),)  # type: ignore[arg-type]
+            return (jit.depthwise_conv_nhwc(x, w_dw, bias, strides, dil, b, oh, ow, kind, lo, hi),)  # type: ignore[arg-type]
         if depthwise:
             y = _depthwise_numpy(pad_hw(x, b, e), w_dw, strides, dil, oh, ow)  # type: ignore[arg-type]
         elif group == 1 and kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e):
