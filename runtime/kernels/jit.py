@@ -8,6 +8,7 @@ path is used.
 from __future__ import annotations
 
 import os
+from typing import Any, Callable
 
 import numpy as np
 
@@ -58,6 +59,18 @@ if numba is not None:
                         orow[j] = min(max(orow[j], lo), hi)
 
 
+def run_split(kernel: Callable[..., None], args: tuple[Any, ...], items: int, work: int) -> None:
+    """kernel(*args, start, stop) over [0, items), split across the runtime's pool when `work`
+    (output elements) is large enough to pay for a thread hop."""
+    parts = min(THREADS, max(1, work // MIN_WORK_PER_THREAD))
+    if parts <= 1:
+        kernel(*args, 0, items)
+        return
+    from .parallel import split_range
+
+    split_range(lambda lo, hi: kernel(*args, lo, hi), items, parts)
+
+
 def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], oh: int, ow: int, act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
     """Depthwise (multiplier 1) convolution of a padded NCHW float32 tensor, bias and activation fused."""
     n, c = xp.shape[:2]
@@ -65,14 +78,7 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
     b = np.zeros(c, dtype=xp.dtype) if bias is None else np.ascontiguousarray(bias, dtype=xp.dtype)
     args = (np.ascontiguousarray(xp), np.ascontiguousarray(w, dtype=xp.dtype), b, out, strides[0], strides[1],
             dil[0], dil[1], act, xp.dtype.type(lo), xp.dtype.type(hi))
-    planes = n * c
-    parts = min(THREADS, max(1, out.size // MIN_WORK_PER_THREAD))
-    if parts <= 1:
-        _depthwise(*args, 0, planes)
-    else:
-        from .parallel import split_range
-
-        split_range(lambda lo, hi: _depthwise(*args, lo, hi), planes, parts)
+    run_split(_depthwise, args, n * c, out.size)
     return out
 
 
@@ -122,14 +128,7 @@ def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, s
     b = np.zeros(c, dtype=x.dtype) if bias is None else np.ascontiguousarray(bias, dtype=x.dtype)
     args = (np.ascontiguousarray(x), w, b, out, strides[0], strides[1], dil[0], dil[1], pads_begin[0], pads_begin[1],
             act, x.dtype.type(lo), x.dtype.type(hi))
-    rows = n * oh
-    parts = min(THREADS, max(1, out.size // MIN_WORK_PER_THREAD))
-    if parts <= 1:
-        _depthwise_nhwc(*args, 0, rows)
-    else:
-        from .parallel import split_range
-
-        split_range(lambda lo_, hi_: _depthwise_nhwc(*args, lo_, hi_), rows, parts)
+    run_split(_depthwise_nhwc, args, n * oh, out.size)
     return out
 
 
@@ -164,12 +163,5 @@ def epilogue_rows(y: np.ndarray, bias: np.ndarray | None, residual: np.ndarray |
     b = np.ascontiguousarray(bias, dtype=y.dtype) if bias is not None else dummy[0]
     r = residual.reshape(-1, c) if residual is not None else dummy
     args = (y2, b, r, bias is not None, residual is not None, act, y.dtype.type(lo), y.dtype.type(hi))
-    rows = y2.shape[0]
-    parts = min(THREADS, max(1, y2.size // MIN_WORK_PER_THREAD))
-    if parts <= 1:
-        _epilogue(*args, 0, rows)
-    else:
-        from .parallel import split_range
-
-        split_range(lambda lo_, hi_: _epilogue(*args, lo_, hi_), rows, parts)
+    run_split(_epilogue, args, y2.shape[0], y2.size)
     return y
