@@ -28,4 +28,18 @@ def ensure_kubetrt() -> None:
     sys.modules["kubetrt"].runtime = sys.modules["kubetrt.runtime"]  # type: ignore[attr-defined]
 
 
+def cuda_runtime_or_exit(script: str):  # type: ignore[no-untyped-def]
+    """The cuda device runtime, or exit 2 with one line saying why this node cannot run it."""
+    from kubetrt.runtime.devices.cuda import CudaRuntime
+    from kubetrt.runtime.errors import DeviceUnavailableError
+
+    rt = CudaRuntime()
+    try:
+        rt.check_available()
+    except DeviceUnavailableError as e:
+        print(f"{Path(script).name}: cuda runtime unavailable: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+    return rt
+
+
 ensure_kubetrt()

@@ -16,10 +16,9 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bootstrap  # noqa: F401
+import _bootstrap
 import numpy as np
 from kubetrt.runtime.devices.cuda import CudaRuntime
-from kubetrt.runtime.errors import DeviceUnavailableError
 from kubetrt.runtime.model import load_graph
 from kubetrt.runtime.package import open_package
 
@@ -75,12 +74,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--warmup", type=int, default=10)
     args = ap.parse_args(argv)
-    rt = CudaRuntime()
-    try:
-        rt.check_available()
-    except DeviceUnavailableError as e:
-        print(f"{Path(__file__).name}: cuda runtime unavailable: {e}", file=sys.stderr)
-        return 2
+    rt = _bootstrap.cuda_runtime_or_exit(__file__)
     ident = rt.identity()
     import torch
 

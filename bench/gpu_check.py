@@ -15,9 +15,8 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import _bootstrap  # noqa: F401
+import _bootstrap
 from kubetrt.runtime.devices.cuda import TOLERANCE, CudaRuntime, relative_error
-from kubetrt.runtime.errors import DeviceUnavailableError
 from kubetrt.runtime.model import load_graph
 from kubetrt.runtime.package import load_golden, open_package
 
@@ -45,12 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("packages", nargs="+", type=Path)
     ap.add_argument("--precision", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"])
     args = ap.parse_args(argv)
-    rt = CudaRuntime()
-    try:
-        rt.check_available()
-    except DeviceUnavailableError as e:
-        print(f"{Path(__file__).name}: cuda runtime unavailable: {e}", file=sys.stderr)
-        return 2
+    rt = _bootstrap.cuda_runtime_or_exit(__file__)
     ident = rt.identity()
     print(f"# {ident.gpu_product}, compute capability {ident.compute_capability}, {ident.backend_version}")
     rows = []
