@@ -16,6 +16,9 @@ from kubetrt.runtime import load_model
 from kubetrt.runtime.package import load_golden
 
 FP32 = dict(rtol=1e-4, atol=1e-4)
+# The ImageNet models end in a 1000-way softmax (values near 1e-3): an absolute 1e-4 would barely
+# test them, so their outputs are held to a 1e-6 absolute floor as well (still within the bound).
+FP32_SOFTMAX = dict(rtol=1e-4, atol=1e-6)
 FAST = ["mlp", "small_cnn", "transformer", "two_in_two_out"]
 SLOW = ["mobilenet_v2", "resnet50"]
 
@@ -45,7 +48,7 @@ def random_feeds(model, batch: int, seed: int) -> dict[str, np.ndarray]:  # type
     return random_inputs(model.inputs, {t.name: t.shape[1:] for t in model.inputs}, batch, np.random.default_rng(seed))
 
 
-def check_against_tf(zoo, name: str, batches: tuple[int, ...], executor: str = "sequential") -> None:  # type: ignore[no-untyped-def]
+def check_against_tf(zoo, name: str, batches: tuple[int, ...], executor: str = "sequential", tol: dict | None = None) -> None:  # type: ignore[no-untyped-def]
     package, savedmodel = zoo.package(name), zoo.savedmodel(name)
     model = load_model(package, executor=executor)
     for batch in batches:
@@ -55,7 +58,7 @@ def check_against_tf(zoo, name: str, batches: tuple[int, ...], executor: str = "
         assert set(got) == set(expected) == {t.name for t in model.outputs}
         for k in expected:
             assert got[k].shape == expected[k].shape, (name, batch, k)
-            np.testing.assert_allclose(got[k], expected[k], **FP32, err_msg=f"{name} batch {batch} output {k}")
+            np.testing.assert_allclose(got[k], expected[k], **(tol or FP32), err_msg=f"{name} batch {batch} output {k}")
 
 
 @pytest.mark.parametrize("name", FAST)
@@ -66,7 +69,7 @@ def test_fast_models_match_tensorflow(zoo, name: str) -> None:  # type: ignore[n
 @pytest.mark.slow
 @pytest.mark.parametrize("name", SLOW)
 def test_imagenet_models_match_tensorflow(zoo, name: str) -> None:  # type: ignore[no-untyped-def]
-    check_against_tf(zoo, name, (1, 3, 16))
+    check_against_tf(zoo, name, (1, 3, 16), tol=FP32_SOFTMAX)
 
 
 @pytest.mark.parametrize("name", ["small_cnn", "transformer", "two_in_two_out"])
