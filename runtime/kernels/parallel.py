@@ -15,7 +15,7 @@ from typing import Callable
 import numpy as np
 
 THREADS = int(os.environ.get("KUBETRT_THREADS", os.cpu_count() or 1))
-MIN_FLOPS_PER_THREAD = 16_000_000  # below this (~0.15 ms of GEMM), a thread hop costs more than it saves
+MIN_FLOPS_PER_THREAD = 8_000_000  # below this (~0.07 ms of GEMM), a thread hop costs more than it saves
 _limited = False
 
 
