@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.nn import conv_geometry, out_size
+from ..kernels.nn import conv_geometry, out_size, pool_counts, pool_geometry
 from ..kernels.registry import KernelSpec, norm_axis
 
 Run = Callable[..., tuple[Any, ...]]
@@ -225,25 +225,16 @@ def pool(spec: KernelSpec, ctx: DeviceContext) -> Run:
 
     def run(x: Any) -> tuple[Any, ...]:
         n, c, h, wd = x.shape
-        strides, dil, b, e = conv_geometry(spec, (h, wd), k)
-        oh = out_size(h, k[0], strides[0], dil[0], b[0], e[0], ceil)
-        ow = out_size(wd, k[1], strides[1], dil[1], b[1], e[1], ceil)
-        e2 = [max(e[0], (oh - 1) * strides[0] + (k[0] - 1) * dil[0] + 1 - h - b[0]),
-              max(e[1], (ow - 1) * strides[1] + (k[1] - 1) * dil[1] + 1 - wd - b[1])]
-        xpad = _pad(xp, x, b, e2, -np.inf if is_max else 0.0)
+        geo = pool_geometry(spec, k, h, wd, ceil)
+        strides, dil, b, _e, tail, oh, ow = geo
+        xpad = _pad(xp, x, b, tail, -np.inf if is_max else 0.0)
         taps = [_tap(xp, xpad, i, j, strides, dil, oh, ow) for i in range(k[0]) for j in range(k[1])]
         out = taps[0].copy()
         for t in taps[1:]:
             out = xp.maximum(out, t) if is_max else out + t
         if is_max:
             return (out,)
-        ones = np.pad(np.ones((h, wd), np.float32), ((b[0], e2[0]), (b[1], e2[1])), constant_values=1.0 if include_pad else 0.0)
-        if include_pad:  # padding counts, the ceil-mode overhang does not
-            ones[h + b[0] + e[0] :, :] = 0
-            ones[:, wd + b[1] + e[1] :] = 0
-        cnt = sum(ones[i * dil[0] : i * dil[0] + (oh - 1) * strides[0] + 1 : strides[0],
-                       j * dil[1] : j * dil[1] + (ow - 1) * strides[1] + 1 : strides[1]] for i in range(k[0]) for j in range(k[1]))
-        return (out / ctx.upload(np.maximum(cnt, 1)).astype(out.dtype),)
+        return (out / ctx.upload(pool_counts(k, h, wd, geo, include_pad)).astype(out.dtype),)
 
     return run
 

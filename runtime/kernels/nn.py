@@ -206,6 +206,33 @@ def _pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
     return [((xs[0], xs[1], oh, ow), spec.dtypes[0])]
 
 
+PoolGeometry = tuple[list[int], list[int], list[int], list[int], list[int], int, int]
+
+
+def pool_geometry(spec: KernelSpec, k: tuple[int, ...], h: int, wd: int, ceil: bool) -> PoolGeometry:
+    """(strides, dilations, pads_begin, pads_end, tail_end, oh, ow). `tail_end` extends the end
+    padding so every ceil-mode window stays in bounds; shared by the host and device kernels."""
+    strides, dil, b, e = conv_geometry(spec, (h, wd), k)
+    oh = out_size(h, k[0], strides[0], dil[0], b[0], e[0], ceil)
+    ow = out_size(wd, k[1], strides[1], dil[1], b[1], e[1], ceil)
+    tail = [max(e[0], (oh - 1) * strides[0] + (k[0] - 1) * dil[0] + 1 - h - b[0]),
+            max(e[1], (ow - 1) * strides[1] + (k[1] - 1) * dil[1] + 1 - wd - b[1])]
+    return strides, dil, b, e, tail, oh, ow
+
+
+def pool_counts(k: tuple[int, ...], h: int, wd: int, geo: PoolGeometry, include_pad: bool) -> np.ndarray:
+    """Elements each average-pool window divides by, (oh, ow): padding counts only with
+    count_include_pad, and the ceil-mode overhang never does."""
+    strides, dil, b, e, tail, oh, ow = geo
+    ones = np.pad(np.ones((h, wd), np.float32), ((b[0], tail[0]), (b[1], tail[1])), constant_values=1.0 if include_pad else 0.0)
+    if include_pad:
+        ones[h + b[0] + e[0]:, :] = 0
+        ones[:, wd + b[1] + e[1]:] = 0
+    cnt = sum(ones[i * dil[0]: i * dil[0] + (oh - 1) * strides[0] + 1: strides[0],
+                   j * dil[1]: j * dil[1] + (ow - 1) * strides[1] + 1: strides[1]] for i in range(k[0]) for j in range(k[1]))
+    return np.maximum(cnt, 1)
+
+
 @register(["MaxPool", "AveragePool"], _pool_shape)
 def pool(spec: KernelSpec) -> Run:
     k = tuple(spec.attr("kernel_shape"))
@@ -217,14 +244,9 @@ def pool(spec: KernelSpec) -> Run:
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         n, c, h, wd = x.shape
-        strides, dil, b, e = conv_geometry(spec, (h, wd), k)
-        oh = out_size(h, k[0], strides[0], dil[0], b[0], e[0], ceil)
-        ow = out_size(wd, k[1], strides[1], dil[1], b[1], e[1], ceil)
-        # ceil_mode may read past the end: pad the tail so every window is in bounds
-        e2 = [max(e[0], (oh - 1) * strides[0] + (k[0] - 1) * dil[0] + 1 - h - b[0]),
-              max(e[1], (ow - 1) * strides[1] + (k[1] - 1) * dil[1] + 1 - wd - b[1])]
-        fill = -np.inf if is_max else 0.0
-        xp = pad_spatial(x, b, e2, fill)
+        geo = pool_geometry(spec, k, h, wd, ceil)
+        strides, dil, b, e, tail, oh, ow = geo
+        xp = pad_spatial(x, b, tail, -np.inf if is_max else 0.0)
         out: np.ndarray | None = None
         for i in range(k[0]):
             for j in range(k[1]):
@@ -238,18 +260,10 @@ def pool(spec: KernelSpec) -> Run:
                     out += v
         assert out is not None
         if not is_max:
-            if include_pad and e2 == e:
+            if include_pad and tail == e:
                 out /= k[0] * k[1]
             else:
-                ones = pad_spatial(np.ones((1, 1, h, wd), x.dtype), b, e2, 1.0 if include_pad else 0.0)
-                if include_pad:  # padding counts, the ceil-mode overhang does not
-                    ones[:, :, h + b[0] + e[0] :, :] = 0
-                    ones[:, :, :, wd + b[1] + e[1] :] = 0
-                cnt = sum(
-                    ones[:, :, i * dil[0] : i * dil[0] + (oh - 1) * strides[0] + 1 : strides[0], j * dil[1] : j * dil[1] + (ow - 1) * strides[1] + 1 : strides[1]]
-                    for i in range(k[0]) for j in range(k[1])
-                )
-                out /= np.maximum(cnt, 1)
+                out /= pool_counts(k, h, wd, geo, include_pad).astype(out.dtype)
         return (out,)
 
     return run

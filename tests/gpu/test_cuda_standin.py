@@ -154,3 +154,31 @@ def test_cuda_stand_in_engine_build_load_and_refusal_on_another_gpu(zoo, tmp_pat
 ])
 def test_gpu_product_label_matches_gpu_feature_discovery(name: str, label: str) -> None:
     assert gfd_product(name) == label
+
+
+POOL_CASES = [
+    ("maxpool_ceil", dict(kernel_shape=[2, 2], strides=[2, 2], ceil_mode=1), "MaxPool", (1, 2, 7, 7)),
+    ("maxpool_pad", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1]), "MaxPool", (2, 3, 9, 9)),
+    ("avgpool_excl_pad", dict(kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1]), "AveragePool", (1, 2, 6, 6)),
+    ("avgpool_incl_pad_ceil", dict(kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1], count_include_pad=1, ceil_mode=1), "AveragePool", (1, 2, 8, 8)),
+]
+
+
+@pytest.mark.parametrize("case", POOL_CASES, ids=[c[0] for c in POOL_CASES])
+def test_cuda_pool_numpy_stand_in_matches_onnxruntime(case) -> None:  # type: ignore[no-untyped-def]
+    """Device pooling shares its window geometry and divisor counts with the host kernel."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
+    from onnx_cases import make_model, node, run_ort
+
+    from kubetrt.runtime.devices import cuda_kernels as ck
+    from kubetrt.runtime.kernels.registry import KernelSpec
+
+    _, attrs, op, shape = case
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+    expected = run_ort(make_model([node(op, ["x"], **attrs)], {"x": x}, ["y"]), {"x": x})[0]
+    spec = KernelSpec(op, "pool", attrs, [None], [shape], [x.dtype], present=[True])
+    (got,) = ck.pool(spec, ck.DeviceContext(xp=np))(x)
+    np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
