@@ -17,7 +17,6 @@ import json
 import queue
 import re
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +29,7 @@ from ..graph import Graph
 from ..passes.shape_inference import spec_for
 from ..program import compile_graph
 from ..target import Target
+from ..timing import median_seconds
 from . import NodeIdentity
 from . import cuda_kernels as ck
 
@@ -501,13 +501,7 @@ class CudaRuntime:
                 got = exe.run([ins[v.name] for v in graph.inputs])
                 errors[b] = max(relative_error(g, outs[o.name]) for g, o in zip(got, graph.outputs))
             feeds = [golden[batch][0][v.name] for v in graph.inputs]
-            exe.run(feeds)
-            times = []
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                exe.run(feeds)
-                times.append(time.perf_counter() - t0)
-            ms = float(np.median(times) * 1e3)
+            ms = median_seconds(lambda: exe.run(feeds), repeats) * 1e3
             ok = max(errors.values()) <= tol
             report[choice.label()] = {"median_ms": round(ms, 4), "max_rel_error": max(errors.values()), "accurate": ok}
             if ok and (best is None or ms < best[0]):

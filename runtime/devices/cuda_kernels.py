@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.nn import conv_geometry, out_size, pool_counts, pool_geometry
+from ..kernels.nn import conv_geometry, out_size, pool_attrs, pool_counts, pool_geometry
 from ..kernels.registry import KernelSpec, norm_axis
 
 Run = Callable[..., tuple[Any, ...]]
@@ -216,12 +216,7 @@ def conv(spec: KernelSpec, ctx: DeviceContext) -> Run:
 
 def pool(spec: KernelSpec, ctx: DeviceContext) -> Run:
     xp = ctx.xp
-    k = tuple(spec.attr("kernel_shape"))
-    is_max = spec.op == "MaxPool"
-    ceil = bool(spec.attr("ceil_mode", 0))
-    include_pad = bool(spec.attr("count_include_pad", 0))
-    if len(k) != 2:
-        raise ValueError(f"{spec.op} {spec.name}: only 2-D pooling is supported")
+    k, is_max, ceil, include_pad = pool_attrs(spec)
 
     def run(x: Any) -> tuple[Any, ...]:
         n, c, h, wd = x.shape

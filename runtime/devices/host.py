@@ -4,7 +4,6 @@ from __future__ import annotations
 import copy
 import os
 import platform
-import time
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -14,6 +13,7 @@ from ..executor import DataflowExecutor, SequentialPlan
 from ..graph import Graph
 from ..kernels.parallel import single_threaded_blas
 from ..memory import keep_freed_memory
+from ..timing import median_seconds
 from ..program import compile_graph
 from ..target import Target
 from . import NodeIdentity
@@ -57,11 +57,7 @@ class HostRuntime:
         timings = {}
         for executor in ("sequential", "dataflow"):
             exe = self.prepare(copy.deepcopy(graph), {"executor": executor})
-            exe.run(feeds)
-            t0 = time.perf_counter()
-            for _ in range(3):
-                exe.run(feeds)
-            timings[executor] = (time.perf_counter() - t0) / 3
+            timings[executor] = median_seconds(lambda: exe.run(feeds), repeats=3)
         best = min(timings, key=timings.__getitem__)
         return {"executor": best, "timings_s": timings, "tuned_batch": batch}
 

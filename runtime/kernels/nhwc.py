@@ -132,11 +132,10 @@ def _nhwc_pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
 
 @register(["MaxPoolNHWC", "AveragePoolNHWC"], _nhwc_pool_shape)
 def pool_nhwc(spec: KernelSpec) -> Run:
-    from .nn import pool
+    from .nn import pool, pool_attrs
 
     nchw = pool(KernelSpec(spec.op.replace("NHWC", ""), spec.name, spec.attrs, spec.consts, spec.shapes, spec.dtypes, spec.n_outputs))
-    k = tuple(spec.attr("kernel_shape"))
-    is_max, ceil = spec.op == "MaxPoolNHWC", bool(spec.attr("ceil_mode", 0))
+    k, is_max, ceil, _ = pool_attrs(spec)
     simple_max = is_max and not ceil
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:

@@ -233,14 +233,17 @@ def pool_counts(k: tuple[int, ...], h: int, wd: int, geo: PoolGeometry, include_
     return np.maximum(cnt, 1)
 
 
-@register(["MaxPool", "AveragePool"], _pool_shape)
-def pool(spec: KernelSpec) -> Run:
+def pool_attrs(spec: KernelSpec) -> tuple[tuple[int, ...], bool, bool, bool]:
+    """(kernel, is_max, ceil_mode, count_include_pad) of a MaxPool/AveragePool node (2-D only)."""
     k = tuple(spec.attr("kernel_shape"))
-    is_max = spec.op == "MaxPool"
-    ceil = bool(spec.attr("ceil_mode", 0))
-    include_pad = bool(spec.attr("count_include_pad", 0))
     if len(k) != 2:
         raise ValueError(f"{spec.op} {spec.name}: only 2-D pooling is supported, kernel_shape={list(k)}")
+    return k, spec.op.startswith("MaxPool"), bool(spec.attr("ceil_mode", 0)), bool(spec.attr("count_include_pad", 0))
+
+
+@register(["MaxPool", "AveragePool"], _pool_shape)
+def pool(spec: KernelSpec) -> Run:
+    k, is_max, ceil, include_pad = pool_attrs(spec)
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         n, c, h, wd = x.shape
