@@ -154,14 +154,67 @@ if numba is not None:
                     row[ch] = min(max(row[ch], lo), hi)
 
 
+def _epilogue_args(c: int, dtype: np.dtype, bias: np.ndarray | None, residual: np.ndarray | None, act: int, lo: float, hi: float) -> tuple[Any, ...]:
+    dummy = np.empty((1, c), dtype=dtype)
+    b = np.ascontiguousarray(bias, dtype=dtype) if bias is not None else dummy[0]
+    r = residual.reshape(-1, c) if residual is not None else dummy
+    return (b, r, bias is not None, residual is not None, act, dtype.type(lo), dtype.type(hi))
+
+
 def epilogue_rows(y: np.ndarray, bias: np.ndarray | None, residual: np.ndarray | None, act: int, lo: float, hi: float) -> np.ndarray:
     """In place on a (rows, channels) float32 GEMM result: + residual + bias, activation; one pass
     instead of three while the rows are still in cache."""
     c = y.shape[-1]
     y2 = y.reshape(-1, c)
-    dummy = np.empty((1, c), dtype=y.dtype)
-    b = np.ascontiguousarray(bias, dtype=y.dtype) if bias is not None else dummy[0]
-    r = residual.reshape(-1, c) if residual is not None else dummy
-    args = (y2, b, r, bias is not None, residual is not None, act, y.dtype.type(lo), y.dtype.type(hi))
-    run_split(_epilogue, args, y2.shape[0], y2.size)
+    run_split(_epilogue, (y2,) + _epilogue_args(c, y.dtype, bias, residual, act, lo, hi), y2.shape[0], y2.size)
     return y
+
+
+def epilogue_range(c: int, dtype: np.dtype, bias: np.ndarray | None, residual: np.ndarray | None, act: int, lo: float, hi: float) -> Callable[[np.ndarray, int, int], None]:
+    """The same epilogue as a (y2d, first row, end row) callable, for tiles of a larger result."""
+    args = _epilogue_args(c, np.dtype(dtype), bias, residual, act, lo, hi)
+    return lambda y2, r0, r1: _epilogue(y2, *args, r0, r1)
+
+
+if numba is not None:
+
+    @numba.njit(cache=True, nogil=True)
+    def _max_pool_nhwc(x, out, kh, kw, sh, sw, dh, dw, pt, pl, start, stop):  # type: ignore[no-untyped-def]
+        # Taps in the padding are skipped (padding is -inf for a max); channels innermost, contiguous.
+        _, h, wd, _ = x.shape
+        _, oh, ow, c = out.shape
+        for r in range(start, stop):
+            b = r // oh
+            i = r % oh
+            for j in range(ow):
+                acc = out[b, i, j]
+                first = True
+                for a in range(kh):
+                    y = i * sh + a * dh - pt
+                    if y < 0 or y >= h:
+                        continue
+                    for e in range(kw):
+                        xx = j * sw + e * dw - pl
+                        if xx < 0 or xx >= wd:
+                            continue
+                        src = x[b, y, xx]
+                        if first:
+                            for ch in range(c):
+                                acc[ch] = src[ch]
+                            first = False
+                        else:
+                            for ch in range(c):
+                                if src[ch] > acc[ch]:
+                                    acc[ch] = src[ch]
+                if first:  # a window entirely in the padding
+                    for ch in range(c):
+                        acc[ch] = -np.inf
+
+
+def max_pool_nhwc(x: np.ndarray, k: tuple[int, int], strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int) -> np.ndarray:
+    """NHWC max pooling of an unpadded tensor in one pass (NumPy needs a padded copy + kh*kw passes)."""
+    n, _, _, c = x.shape
+    out = np.empty((n, oh, ow, c), dtype=x.dtype)
+    args = (np.ascontiguousarray(x), out, k[0], k[1], strides[0], strides[1], dil[0], dil[1], pads_begin[0], pads_begin[1])
+    run_split(_max_pool_nhwc, args, n * oh, out.size)
+    return out

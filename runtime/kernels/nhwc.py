@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import jit, parallel
+from . import conv_gemm, jit, parallel
 from .nn import _jit_activation, conv_geometry, make_epilogue, out_size
 from .registry import KernelSpec, Run, register
 
@@ -68,6 +68,22 @@ def conv_nhwc(spec: KernelSpec) -> Run:
         strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
         return strides, dil, b, e, out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1])
 
+    def row_epilogue(dtype: np.dtype, bias: np.ndarray | None, residual: np.ndarray | None) -> conv_gemm.RowEpilogue:
+        if jit_epilogue and dtype == np.float32 and (residual is None or residual.flags.c_contiguous):
+            kind, lo, hi = jit_act  # type: ignore[misc]
+            return jit.epilogue_range(o, np.dtype(np.float32), bias, residual, kind, lo, hi)
+        res2 = None if residual is None else residual.reshape(-1, o)
+
+        def numpy_rows(y2: np.ndarray, r0: int, r1: int) -> None:
+            t = y2[r0:r1]
+            if bias is not None:
+                t += bias
+            if res2 is not None:
+                t += res2[r0:r1]
+            if epilogue is not None:
+                epilogue(t)
+        return numpy_rows
+
     def run(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         n, h, wd, c = x.shape
         if c != cg * group:
@@ -82,6 +98,10 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             y = parallel.matmul(x.reshape(-1, c), w_gemm).reshape(n, oh, ow, o)  # type: ignore[arg-type]
         else:
             win = windows_hw(pad_hw(x, b, e), (kh, kw), strides, dil, oh, ow)
+            if group == 1 and x.dtype == w_gemm.dtype and conv_gemm.worth_tiling(win):  # type: ignore[union-attr]
+                if residual is not None and residual.shape != (n, oh, ow, o):
+                    raise ValueError(f"Conv {spec.name}: residual shape {residual.shape} differs from output {(n, oh, ow, o)}")
+                return (conv_gemm.tiled_conv(win, w_gemm, row_epilogue(x.dtype, bias, residual)),)  # type: ignore[arg-type]
             if group == 1:
                 y = parallel.matmul(win.reshape(n * oh * ow, kh * kw * c), w_gemm).reshape(n, oh, ow, o)  # type: ignore[arg-type]
             else:
@@ -146,6 +166,8 @@ def pool_nhwc(spec: KernelSpec) -> Run:
         strides, dil, b, e = conv_geometry(spec, (h, wd), k)
         oh = out_size(h, k[0], strides[0], dil[0], b[0], e[0])
         ow = out_size(wd, k[1], strides[1], dil[1], b[1], e[1])
+        if jit.AVAILABLE and x.dtype in (np.float32, np.float64):
+            return (jit.max_pool_nhwc(x, k, strides, dil, b, oh, ow),)
         xp = pad_hw(x, b, e, -np.inf)
         out: np.ndarray | None = None
         for i in range(k[0]):

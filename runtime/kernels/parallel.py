@@ -39,7 +39,8 @@ def _pool():  # type: ignore[no-untyped-def]
     return shared_pool()
 
 
-def _parts(flops: int, extent: int) -> int:
+def parts_for(flops: int, extent: int) -> int:
+    """How many threads a job of `flops` over `extent` independent slices is worth."""
     return max(1, min(THREADS, extent, flops // MIN_FLOPS_PER_THREAD))
 
 
@@ -51,11 +52,11 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         o = a.shape[0]
         out = np.empty((n, o, p), dtype=np.result_type(a, b))
         flops = 2 * n * o * k * p
-        if n >= THREADS and _parts(flops, n) > 1:
-            _split(lambda lo, hi: np.matmul(a, b[lo:hi], out=out[lo:hi]), n, _parts(flops, n))
+        if n >= THREADS and parts_for(flops, n) > 1:
+            _split(lambda lo, hi: np.matmul(a, b[lo:hi], out=out[lo:hi]), n, parts_for(flops, n))
         else:
             axis_len = o if o >= p else p
-            parts = _parts(flops, axis_len)
+            parts = parts_for(flops, axis_len)
             if parts == 1:
                 np.matmul(a, b, out=out)
             elif o >= p:
@@ -69,12 +70,12 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         out = np.empty((m, p), dtype=np.result_type(a, b))
         flops = 2 * m * k * p
         if m >= p:
-            parts = _parts(flops, m)
+            parts = parts_for(flops, m)
             if parts == 1:
                 return np.matmul(a, b, out=out)
             _split(lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), m, parts)
         else:
-            parts = _parts(flops, p)
+            parts = parts_for(flops, p)
             if parts == 1:
                 return np.matmul(a, b, out=out)
             _split(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), p, parts)

@@ -1,0 +1,79 @@
+"""The NHWC convolution-family fast paths (cache-tiled im2col GEMM, one-pass max pooling) give
+onnxruntime's numbers, on every tiling shape: bands of rows, several images per tile, ragged ends."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kubetrt.runtime.kernels import conv_gemm, jit
+from onnx_cases import make_model, node, run_kubetrt, run_ort
+
+rng = np.random.default_rng(7)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def assert_same_as_ort(model, feeds) -> None:  # type: ignore[no-untyped-def]
+    ref = run_ort(model, feeds)
+    for executor in ("sequential", "dataflow"):
+        for g, r in zip(run_kubetrt(model, feeds, executor), ref):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+@pytest.fixture
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Tiles of a few KiB, so test-sized tensors take the tiled path; counts the tiled calls."""
+    calls: list[int] = []
+    real = conv_gemm.tiled_conv
+
+    def counted(win, w, epilogue):  # type: ignore[no-untyped-def]
+        calls.append(win.shape[0])
+        return real(win, w, epilogue)
+
+    monkeypatch.setattr(conv_gemm, "TILE_BYTES", 6 * 1024)
+    monkeypatch.setattr(conv_gemm, "MIN_TILE_ROWS", 8)
+    monkeypatch.setattr(conv_gemm, "tiled_conv", counted)
+    return calls
+
+
+@pytest.mark.parametrize("activation", ["Relu", "Clip", "Sigmoid"])  # Sigmoid: the NumPy tile epilogue
+@pytest.mark.parametrize("batch,hw,stride", [(1, 13, 1), (5, 6, 1), (3, 15, 2)])
+def test_tiled_convolution_with_bias_residual_and_activation_matches_ort(small_tiles: list[int], activation: str, batch: int, hw: int, stride: int) -> None:
+    # x -> conv(+bias) -> + shortcut conv -> activation: the residual and bias land in the tile epilogue
+    act = node("Clip", ["sum", "lo", "hi"], ["y"]) if activation == "Clip" else node(activation, ["sum"], ["y"])
+    nodes = [
+        node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
+        node("Conv", ["x", "ws"], ["s"], strides=[stride, stride]),
+        node("Add", ["c", "s"], ["sum"]),
+        act,
+    ]
+    consts = {"w": f32(12, 5, 3, 3), "b": f32(12), "ws": f32(12, 5, 1, 1),
+              "lo": np.array(-0.5, np.float32), "hi": np.array(1.5, np.float32)}
+    feeds = {"x": f32(batch, 5, hw, hw)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
+    assert small_tiles, "the tiled GEMM path was not taken"
+
+
+def test_tile_plan_covers_every_output_row_once() -> None:
+    for n, oh, ow, row_bytes in [(1, 56, 56, 56 * 576 * 4), (32, 7, 7, 7 * 4608 * 4), (3, 10, 4, 10), (7, 5, 3, 1 << 22)]:
+        rows = []
+        for b0, b1, i0, i1 in conv_gemm._blocks(n, oh, ow, row_bytes):
+            assert b1 == b0 + 1 or (i0, i1) == (0, oh), "a tile spans images only when it takes them whole"
+            rows += [(b, i) for b in range(b0, b1) for i in range(i0, i1)]
+        assert sorted(rows) == [(b, i) for b in range(n) for i in range(oh)]
+
+
+@pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed: the NumPy pooling path runs instead")
+@pytest.mark.parametrize("attrs", [
+    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
+    {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 0], "dilations": [2, 1]},
+    {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
+])
+def test_one_pass_max_pool_in_a_conv_chain_matches_ort(attrs: dict) -> None:
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("MaxPool", ["c"], ["m"], **attrs),
+             node("Conv", ["m", "w2"], ["y"])]
+    consts = {"w": f32(6, 3, 3, 3), "w2": f32(4, 6, 1, 1)}
+    feeds = {"x": f32(2, 3, 9, 10)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
