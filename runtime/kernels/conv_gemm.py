@@ -9,6 +9,7 @@ Small problems (a few tiles) keep the one-shot GEMM, which splits along output c
 from __future__ import annotations
 
 import itertools
+import threading
 from typing import Callable
 
 import numpy as np
@@ -20,6 +21,46 @@ MIN_TILES = 4
 MIN_TILE_ROWS = 192  # GEMM rows per tile: fewer and OpenBLAS packs the weights for too little work
 
 RowEpilogue = Callable[[np.ndarray, int, int], None]  # (y2d, first row, end row), in place
+
+
+def _pull_tiles(n_tiles: int, flops: int, work: Callable[[int], None]) -> None:
+    """work(t) for every tile t, by as many pool workers as the FLOPs are worth."""
+    counter = itertools.count()  # next() is atomic under the GIL: each tile is taken once
+
+    def pull(_lo: int = 0, _hi: int = 0) -> None:
+        while (t := next(counter)) < n_tiles:
+            work(t)
+
+    parts = parallel.parts_for(flops, n_tiles)
+    if parts == 1:
+        pull()
+    else:
+        parallel.split_range(pull, parts, parts)
+
+
+def worth_row_tiling(rows: int) -> bool:
+    """Whether a pointwise GEMM has rows for two tiles; fewer, and splitting the output channels
+    across threads (parallel.matmul) is the better use of the cores."""
+    return rows >= 2 * MIN_TILE_ROWS
+
+
+def tiled_matmul(x2: np.ndarray, w: np.ndarray, epilogue: RowEpilogue | None) -> np.ndarray:
+    """x2 (rows, K) @ w (K, O) in row tiles, the epilogue run on each tile while it is in cache
+    (a pointwise convolution: no im2col, but one pass less over the output)."""
+    rows, k = x2.shape
+    o = w.shape[1]
+    balanced = -(-rows // (2 * parallel.THREADS))  # at least two tiles per thread when rows allow
+    step = max(MIN_TILE_ROWS, min(balanced, TILE_BYTES // max(1, (k + o) * x2.itemsize)))
+    y2 = np.empty((rows, o), dtype=np.result_type(x2, w))
+
+    def tile(t: int) -> None:
+        r0, r1 = t * step, min(rows, (t + 1) * step)
+        np.matmul(x2[r0:r1], w, out=y2[r0:r1])
+        if epilogue is not None:
+            epilogue(y2, r0, r1)
+
+    _pull_tiles(-(-rows // step), 2 * rows * k * o, tile)
+    return y2
 
 
 def _blocks(n: int, oh: int, ow: int, row_bytes: int) -> list[tuple[int, int, int, int]]:
@@ -48,24 +89,21 @@ def tiled_conv(win: np.ndarray, w_gemm: np.ndarray, epilogue: RowEpilogue | None
     y = np.empty((n, oh, ow, o), dtype=np.result_type(win, w_gemm))
     y2 = y.reshape(-1, o)
     tile_rows = max((b1 - b0) * (i1 - i0) for b0, b1, i0, i1 in blocks) * ow
-    counter = itertools.count()  # next() is atomic under the GIL: each tile is taken once
+    buffers: dict[int, np.ndarray] = {}  # one column buffer per worker thread
 
-    def pull(_lo: int = 0, _hi: int = 0) -> None:
-        buf = np.empty(tile_rows * k, dtype=win.dtype)
-        while (t := next(counter)) < len(blocks):
-            b0, b1, i0, i1 = blocks[t]
-            view = win[b0:b1, i0:i1]
-            rows = view.shape[0] * view.shape[1] * ow
-            cols = buf[: rows * k]
-            np.copyto(cols.reshape(view.shape), view)
-            r0 = (b0 * oh + i0) * ow
-            np.matmul(cols.reshape(rows, k), w_gemm, out=y2[r0:r0 + rows])
-            if epilogue is not None:
-                epilogue(y2, r0, r0 + rows)
+    def tile(t: int) -> None:
+        buf = buffers.get(threading.get_ident())
+        if buf is None:
+            buf = buffers[threading.get_ident()] = np.empty(tile_rows * k, dtype=win.dtype)
+        b0, b1, i0, i1 = blocks[t]
+        view = win[b0:b1, i0:i1]
+        rows = view.shape[0] * view.shape[1] * ow
+        cols = buf[: rows * k]
+        np.copyto(cols.reshape(view.shape), view)
+        r0 = (b0 * oh + i0) * ow
+        np.matmul(cols.reshape(rows, k), w_gemm, out=y2[r0:r0 + rows])
+        if epilogue is not None:
+            epilogue(y2, r0, r0 + rows)
 
-    parts = parallel.parts_for(2 * n * oh * ow * k * o, len(blocks))
-    if parts == 1:
-        pull()
-    else:
-        parallel.split_range(pull, parts, parts)
+    _pull_tiles(len(blocks), 2 * n * oh * ow * k * o, tile)
     return y

@@ -53,7 +53,7 @@ if numba is not None:
                                 orow[j] += row[j * sw + off] * wv
                 if act == 1:
                     for j in range(ow):
-                        orow[j] = max(orow[j], 0.0)
+                        orow[j] = max(orow[j], np.float32(0.0))
                 elif act == 2:
                     for j in range(ow):
                         orow[j] = min(max(orow[j], lo), hi)
@@ -84,7 +84,7 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
 
 if numba is not None:
 
-    @numba.njit(cache=True, nogil=True, fastmath=False)
+    @numba.njit(cache=True, nogil=True, fastmath={"contract"})  # fused multiply-add: one rounding per tap
     def _depthwise_nhwc(x, w, bias, out, sh, sw, dh, dw, pt, pl, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
         # Reads the unpadded input and skips taps that fall into the padding: no padded copy.
         # Rows are (n, oh) pairs; the channel loop is innermost and contiguous, so it vectorizes.
@@ -136,26 +136,27 @@ if numba is not None:
 
     @numba.njit(cache=True, nogil=True)
     def _epilogue(y, bias, residual, has_bias, has_residual, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
+        # 2-D indexing and float32 constants keep the channel loop one vector op per 16 lanes;
+        # row views and a float64 0.0 made this 3-4x slower (bench: 32768x16 relu, 1.07 -> 0.31 ms).
         c = y.shape[1]
+        zero = np.float32(0.0)  # float32 results only (callers check)
         for r in range(start, stop):
-            row = y[r]
             if has_residual:
-                res = residual[r]
                 for ch in range(c):
-                    row[ch] += res[ch]
-            if has_bias:
-                for ch in range(c):
-                    row[ch] += bias[ch]
+                    y[r, ch] += residual[r, ch]
             if act == 1:
                 for ch in range(c):
-                    row[ch] = max(row[ch], 0.0)
+                    y[r, ch] = max(y[r, ch] + bias[ch], zero)
             elif act == 2:
                 for ch in range(c):
-                    row[ch] = min(max(row[ch], lo), hi)
+                    y[r, ch] = min(max(y[r, ch] + bias[ch], lo), hi)
+            elif has_bias:
+                for ch in range(c):
+                    y[r, ch] += bias[ch]
 
 
 def _epilogue_args(c: int, dtype: np.dtype, bias: np.ndarray | None, residual: np.ndarray | None, act: int, lo: float, hi: float) -> tuple[Any, ...]:
-    dummy = np.empty((1, c), dtype=dtype)
+    dummy = np.zeros((1, c), dtype=dtype)  # a zero bias: the activation loops always add one
     b = np.ascontiguousarray(bias, dtype=dtype) if bias is not None else dummy[0]
     r = residual.reshape(-1, c) if residual is not None else dummy
     return (b, r, bias is not None, residual is not None, act, dtype.type(lo), dtype.type(hi))

@@ -84,6 +84,10 @@ def conv_nhwc(spec: KernelSpec) -> Run:
                 epilogue(t)
         return numpy_rows
 
+    def check_residual(residual: np.ndarray | None, shape: tuple[int, ...]) -> None:
+        if residual is not None and residual.shape != shape:
+            raise ValueError(f"Conv {spec.name}: residual shape {residual.shape} differs from output {shape}")
+
     def run(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         n, h, wd, c = x.shape
         if c != cg * group:
@@ -95,12 +99,14 @@ def conv_nhwc(spec: KernelSpec) -> Run:
         if depthwise:
             y = _depthwise_numpy(pad_hw(x, b, e), w_dw, strides, dil, oh, ow)  # type: ignore[arg-type]
         elif group == 1 and kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e):
+            if x.dtype == w_gemm.dtype and conv_gemm.worth_row_tiling(n * h * wd):  # type: ignore[union-attr]
+                check_residual(residual, (n, oh, ow, o))
+                return (conv_gemm.tiled_matmul(x.reshape(-1, c), w_gemm, row_epilogue(x.dtype, bias, residual)).reshape(n, oh, ow, o),)
             y = parallel.matmul(x.reshape(-1, c), w_gemm).reshape(n, oh, ow, o)  # type: ignore[arg-type]
         else:
             win = windows_hw(pad_hw(x, b, e), (kh, kw), strides, dil, oh, ow)
             if group == 1 and x.dtype == w_gemm.dtype and conv_gemm.worth_tiling(win):  # type: ignore[union-attr]
-                if residual is not None and residual.shape != (n, oh, ow, o):
-                    raise ValueError(f"Conv {spec.name}: residual shape {residual.shape} differs from output {(n, oh, ow, o)}")
+                check_residual(residual, (n, oh, ow, o))
                 return (conv_gemm.tiled_conv(win, w_gemm, row_epilogue(x.dtype, bias, residual)),)  # type: ignore[arg-type]
             if group == 1:
                 y = parallel.matmul(win.reshape(n * oh * ow, kh * kw * c), w_gemm).reshape(n, oh, ow, o)  # type: ignore[arg-type]
@@ -110,8 +116,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
                 for g in range(group):
                     cols = win[..., g * cg:(g + 1) * cg].reshape(n * oh * ow, kh * kw * cg)
                     y[..., g * og:(g + 1) * og] = (cols @ w_groups[g]).reshape(n, oh, ow, og)
-        if residual is not None and residual.shape != y.shape:
-            raise ValueError(f"Conv {spec.name}: residual shape {residual.shape} differs from output {y.shape}")
+        check_residual(residual, y.shape)
         if jit_epilogue and y.dtype == np.float32 and (residual is None or residual.flags.c_contiguous):
             kind, lo, hi = jit_act  # type: ignore[misc]
             return (jit.epilogue_rows(y, bias, residual, kind, lo, hi),)

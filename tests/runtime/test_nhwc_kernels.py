@@ -23,37 +23,36 @@ def assert_same_as_ort(model, feeds) -> None:  # type: ignore[no-untyped-def]
 
 
 @pytest.fixture
-def small_tiles(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Tiles of a few KiB, so test-sized tensors take the tiled path; counts the tiled calls."""
-    calls: list[int] = []
-    real = conv_gemm.tiled_conv
-
-    def counted(win, w, epilogue):  # type: ignore[no-untyped-def]
-        calls.append(win.shape[0])
-        return real(win, w, epilogue)
-
+def small_tiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Tiles of a few KiB, so test-sized tensors take the tiled paths; records which ran."""
+    calls: list[str] = []
+    for name in ("tiled_conv", "tiled_matmul"):
+        real = getattr(conv_gemm, name)
+        monkeypatch.setattr(conv_gemm, name, lambda *a, _real=real, _name=name: calls.append(_name) or _real(*a))
     monkeypatch.setattr(conv_gemm, "TILE_BYTES", 6 * 1024)
     monkeypatch.setattr(conv_gemm, "MIN_TILE_ROWS", 8)
-    monkeypatch.setattr(conv_gemm, "tiled_conv", counted)
     return calls
 
 
 @pytest.mark.parametrize("activation", ["Relu", "Clip", "Sigmoid"])  # Sigmoid: the NumPy tile epilogue
 @pytest.mark.parametrize("batch,hw,stride", [(1, 13, 1), (5, 6, 1), (3, 15, 2)])
-def test_tiled_convolution_with_bias_residual_and_activation_matches_ort(small_tiles: list[int], activation: str, batch: int, hw: int, stride: int) -> None:
-    # x -> conv(+bias) -> + shortcut conv -> activation: the residual and bias land in the tile epilogue
-    act = node("Clip", ["sum", "lo", "hi"], ["y"]) if activation == "Clip" else node(activation, ["sum"], ["y"])
+def test_tiled_convolution_with_bias_residual_and_activation_matches_ort(small_tiles: list[str], activation: str, batch: int, hw: int, stride: int) -> None:
+    # x -> conv(+bias) -> + shortcut conv -> activation -> pointwise conv(+bias) -> activation:
+    # residuals, biases and activations land in the tile epilogues
+    act = node("Clip", ["sum", "lo", "hi"], ["a"]) if activation == "Clip" else node(activation, ["sum"], ["a"])
     nodes = [
         node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[stride, stride]),
         node("Conv", ["x", "ws"], ["s"], strides=[stride, stride]),
         node("Add", ["c", "s"], ["sum"]),
         act,
+        node("Conv", ["a", "wp", "bp"], ["p"]),
+        node("Relu", ["p"], ["y"]),
     ]
-    consts = {"w": f32(12, 5, 3, 3), "b": f32(12), "ws": f32(12, 5, 1, 1),
+    consts = {"w": f32(12, 5, 3, 3), "b": f32(12), "ws": f32(12, 5, 1, 1), "wp": f32(7, 12, 1, 1), "bp": f32(7),
               "lo": np.array(-0.5, np.float32), "hi": np.array(1.5, np.float32)}
     feeds = {"x": f32(batch, 5, hw, hw)}
     assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
-    assert small_tiles, "the tiled GEMM path was not taken"
+    assert {"tiled_conv", "tiled_matmul"} <= set(small_tiles), f"tiled paths taken: {set(small_tiles)}"
 
 
 def test_tile_plan_covers_every_output_row_once() -> None:
