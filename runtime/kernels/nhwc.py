@@ -30,11 +30,15 @@ def pad_hw(x: np.ndarray, begin: list[int], end: list[int], value: float = 0.0) 
 
 
 def windows_hw(xp: np.ndarray, k: tuple[int, int], strides: list[int], dil: list[int], oh: int, ow: int) -> np.ndarray:
-    """View (N, OH, OW, kh, kw, C): im2col rows without a copy."""
+    """Read-only view (N, OH, OW, kh, kw, C): im2col rows without a copy."""
     n, _, _, c = xp.shape
     sn, sh, sw, sc = xp.strides
-    return as_strided(xp, shape=(n, oh, ow, k[0], k[1], c),
-                      strides=(sn, sh * strides[0], sw * strides[1], sh * dil[0], sw * dil[1], sc), writeable=False)
+    shape, view_strides = (n, oh, ow, k[0], k[1], c), (sn, sh * strides[0], sw * strides[1], sh * dil[0], sw * dil[1], sc)
+    if not xp.flags.c_contiguous:
+        return as_strided(xp, shape=shape, strides=view_strides, writeable=False)
+    win = np.ndarray(shape, xp.dtype, xp, 0, view_strides)  # 2 us where as_strided takes 10 (batch-1 latency)
+    win.flags.writeable = False
+    return win
 
 
 def _nhwc_conv_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
@@ -192,5 +196,13 @@ def _nhwc_global_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
 
 @register(["GlobalAveragePoolNHWC", "GlobalMaxPoolNHWC"], _nhwc_global_shape)
 def global_pool_nhwc(spec: KernelSpec) -> Run:
-    f: Any = np.mean if spec.op == "GlobalAveragePoolNHWC" else np.max
-    return lambda x: (np.asarray(f(x, axis=(1, 2), keepdims=True), dtype=x.dtype),)
+    reduce: Any = np.add.reduce if spec.op == "GlobalAveragePoolNHWC" else np.maximum.reduce
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        n, h, w, c = x.shape
+        y = reduce(x.reshape(n, h * w, c), axis=1).reshape(n, 1, 1, c)  # one axis: faster than mean over (1, 2)
+        if spec.op == "GlobalAveragePoolNHWC":  # ONNX: float tensors only
+            y *= y.dtype.type(1.0 / (h * w))
+        return (y,)
+
+    return run
