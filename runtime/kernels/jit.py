@@ -84,6 +84,13 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
 
 if numba is not None:
 
+    @numba.njit(cache=True, nogil=True)
+    def _taps(pos, stride, dil, pad, k, size):  # type: ignore[no-untyped-def]
+        # [first, end) of the kernel taps whose input index pos*stride + tap*dil - pad lies in
+        # [0, size): the windowed kernels walk only these and never test for padding per tap.
+        base = pos * stride - pad
+        return max(0, -(base // dil)), min(k, -((base - size) // dil))
+
     @numba.njit(cache=True, nogil=True, fastmath={"contract"})  # fused multiply-add: one rounding per tap
     def _depthwise_nhwc(x, w, bias, out, sh, sw, dh, dw, pt, pl, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
         # Reads the unpadded input and skips taps that fall into the padding: no padded copy.
@@ -95,19 +102,15 @@ if numba is not None:
         for r in range(start, stop):
             b = r // oh
             i = r % oh
+            a0, a1 = _taps(i, sh, dh, pt, kh, h)
             for j in range(ow):
                 acc = out[b, i, j]
                 for ch in range(c):
                     acc[ch] = bias[ch]
-                for a in range(kh):
-                    y = i * sh + a * dh - pt
-                    if y < 0 or y >= h:
-                        continue
-                    for e in range(kw):
-                        xx = j * sw + e * dw - pl
-                        if xx < 0 or xx >= wd:
-                            continue
-                        src = x[b, y, xx]
+                e0, e1 = _taps(j, sw, dw, pl, kw, wd)
+                for a in range(a0, a1):
+                    for e in range(e0, e1):
+                        src = x[b, i * sh + a * dh - pt, j * sw + e * dw - pl]
                         wt = w[a, e]
                         for ch in range(c):
                             acc[ch] += src[ch] * wt[ch]
@@ -187,29 +190,23 @@ if numba is not None:
         for r in range(start, stop):
             b = r // oh
             i = r % oh
+            a0, a1 = _taps(i, sh, dh, pt, kh, h)
             for j in range(ow):
                 acc = out[b, i, j]
-                first = True
-                for a in range(kh):
-                    y = i * sh + a * dh - pt
-                    if y < 0 or y >= h:
-                        continue
-                    for e in range(kw):
-                        xx = j * sw + e * dw - pl
-                        if xx < 0 or xx >= wd:
-                            continue
-                        src = x[b, y, xx]
-                        if first:
-                            for ch in range(c):
-                                acc[ch] = src[ch]
-                            first = False
-                        else:
-                            for ch in range(c):
-                                if src[ch] > acc[ch]:
-                                    acc[ch] = src[ch]
-                if first:  # a window entirely in the padding
+                e0, e1 = _taps(j, sw, dw, pl, kw, wd)
+                if a0 >= a1 or e0 >= e1:  # a window entirely in the padding
                     for ch in range(c):
                         acc[ch] = -np.inf
+                    continue
+                first = x[b, i * sh + a0 * dh - pt, j * sw + e0 * dw - pl]
+                for ch in range(c):
+                    acc[ch] = first[ch]
+                for a in range(a0, a1):
+                    for e in range(e0, e1):
+                        src = x[b, i * sh + a * dh - pt, j * sw + e * dw - pl]
+                        for ch in range(c):
+                            if src[ch] > acc[ch]:
+                                acc[ch] = src[ch]
 
 
 def max_pool_nhwc(x: np.ndarray, k: tuple[int, int], strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int) -> np.ndarray:

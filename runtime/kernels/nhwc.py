@@ -72,8 +72,11 @@ def conv_nhwc(spec: KernelSpec) -> Run:
         strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
         return strides, dil, b, e, out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1])
 
+    def fits_jit_epilogue(dtype: np.dtype, residual: np.ndarray | None) -> bool:
+        return jit_epilogue and dtype == np.float32 and (residual is None or residual.flags.c_contiguous)
+
     def row_epilogue(dtype: np.dtype, bias: np.ndarray | None, residual: np.ndarray | None) -> conv_gemm.RowEpilogue:
-        if jit_epilogue and dtype == np.float32 and (residual is None or residual.flags.c_contiguous):
+        if fits_jit_epilogue(dtype, residual):
             kind, lo, hi = jit_act  # type: ignore[misc]
             return jit.epilogue_range(o, np.dtype(np.float32), bias, residual, kind, lo, hi)
         res2 = None if residual is None else residual.reshape(-1, o)
@@ -121,7 +124,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
                     cols = win[..., g * cg:(g + 1) * cg].reshape(n * oh * ow, kh * kw * cg)
                     y[..., g * og:(g + 1) * og] = (cols @ w_groups[g]).reshape(n, oh, ow, og)
         check_residual(residual, y.shape)
-        if jit_epilogue and y.dtype == np.float32 and (residual is None or residual.flags.c_contiguous):
+        if fits_jit_epilogue(y.dtype, residual):
             kind, lo, hi = jit_act  # type: ignore[misc]
             return (jit.epilogue_rows(y, bias, residual, kind, lo, hi),)
         if bias is not None:

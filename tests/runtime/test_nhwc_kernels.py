@@ -76,3 +76,16 @@ def test_one_pass_max_pool_in_a_conv_chain_matches_ort(attrs: dict) -> None:
     consts = {"w": f32(6, 3, 3, 3), "w2": f32(4, 6, 1, 1)}
     feeds = {"x": f32(2, 3, 9, 10)}
     assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
+
+
+@pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed: the NumPy kernels run instead")
+def test_tap_range_is_exactly_the_taps_inside_the_input() -> None:
+    for pos in range(6):
+        for stride in (1, 2, 3):
+            for dil in (1, 2, 3):
+                for pad in range(4):
+                    for k in (1, 2, 3, 5):
+                        for size in (1, 4, 7):
+                            inside = [t for t in range(k) if 0 <= pos * stride + t * dil - pad < size]
+                            first, end = jit._taps(pos, stride, dil, pad, k, size)
+                            assert list(range(first, end)) == inside, (pos, stride, dil, pad, k, size)
