@@ -40,8 +40,10 @@ def condition(api: ApiServerEmulator, name: str, ctype: str) -> dict[str, Any] |
 
 async def finish_build(client: KubeClient, api: ApiServerEmulator, target: str, *, ok: bool = True,
                        key: str = "") -> str:
-    """Play the Job controller and kubelet: the build pod terminates, the Job completes or fails."""
-    job_name = next(n for n, j in objs(api, "jobs").items() if j["metadata"]["labels"][objects.LABEL_TARGET] == target)
+    """Play the Job controller and kubelet for the target's unfinished build Job: its pod
+    terminates, the Job completes or fails."""
+    job_name = next(n for n, j in objs(api, "jobs").items()
+                    if j["metadata"]["labels"][objects.LABEL_TARGET] == target and not (j.get("status") or {}).get("conditions"))
     message = (json.dumps({"engineKey": key, "verified": True, "report": {"summary": "max abs err 2e-3"}}) if ok
                else "Traceback (most recent call last):\nRuntimeError: CUDA out of memory")
     pod = {"apiVersion": "v1", "kind": "Pod",
@@ -176,14 +178,7 @@ async def test_spec_change_rolls_out_after_the_new_engine_verified(
     env = objs(api, "deployments")["resnet-h100"]["spec"]["template"]["spec"]["containers"][0]["env"]
     assert {"name": "KUBETRT_ENGINE_KEY", "value": "fp16-key"} in env, "unverified engine must not reach pods"
 
-    new_job = next(n for n, j in objs(api, "jobs").items() if not (j.get("status") or {}).get("conditions"))
-    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{new_job}-x", "namespace": NS,
-                                                           "labels": {objects.LABEL_BUILD: new_job}},
-           "status": {"containerStatuses": [{"name": "build", "state": {"terminated": {
-               "message": json.dumps({"engineKey": "int8-key", "verified": True})}}}]}}
-    await asyncio.to_thread(client.create, pod)
-    await asyncio.to_thread(client.patch_status, "batch/v1", "Job", NS, new_job,
-                            {"succeeded": 1, "conditions": [{"type": "Complete", "status": "True"}]})
+    await finish_build(client, api, "h100", key="int8-key")
     await eventually(lambda: {"name": "KUBETRT_ENGINE_KEY", "value": "int8-key"} in
                      objs(api, "deployments")["resnet-h100"]["spec"]["template"]["spec"]["containers"][0]["env"])
     await eventually(lambda: len(objs(api, "enginebuilds")) == 1)  # the superseded build is removed
