@@ -1,8 +1,10 @@
 # Serving image: kubetrt[serve] only (numpy + onnx + FastAPI; no TensorFlow).
+# x86 CPU serving builds add oneMKL's GEMM (about 900 MB more): --build-arg EXTRAS=serve,mkl
 # GPU targets use a CUDA/TensorRT base via --build-arg BASE=nvcr.io/nvidia/tensorrt:<tag>-py3 (pinned).
 # Build from the repo root: docker build -f docker/serving.Dockerfile -t ghcr.io/kubetrt/serving:0.1.0 .
 ARG BASE=python:3.11.11-slim-bookworm
 FROM ${BASE} AS build
+ARG EXTRAS=serve
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 COPY pyproject.toml README.md ./
@@ -11,7 +13,7 @@ COPY runtime ./runtime
 COPY serving ./serving
 COPY pipeline ./pipeline
 COPY operators ./operators
-RUN python -m venv /opt/kubetrt && /opt/kubetrt/bin/pip install ".[serve]"
+RUN python -m venv /opt/kubetrt && /opt/kubetrt/bin/pip install ".[${EXTRAS}]"
 
 FROM ${BASE}
 COPY --from=build /opt/kubetrt /opt/kubetrt

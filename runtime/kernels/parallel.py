@@ -14,6 +14,8 @@ from typing import Callable
 
 import numpy as np
 
+from . import blas
+
 THREADS = int(os.environ.get("KUBETRT_THREADS", os.cpu_count() or 1))
 MIN_FLOPS_PER_THREAD = 8_000_000  # below this (~0.07 ms of GEMM), a thread hop costs more than it saves
 _limited = False
@@ -44,9 +46,13 @@ def parts_for(flops: int, extent: int) -> int:
     return max(1, min(THREADS, extent, flops // MIN_FLOPS_PER_THREAD))
 
 
-def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray | blas.Weights) -> np.ndarray:
     """a @ b with NumPy broadcasting semantics for a (M,K) weight and b (K,P) or (N,K,P) stack,
     or an (M,K) activation times a (K,P) weight; split along the largest independent axis."""
+    if isinstance(b, blas.Weights):
+        return _matmul_2d(a, b) if a.ndim == 2 else np.matmul(a, b.array)
+    if a.ndim == 2 and b.ndim == 2:
+        return _matmul_2d(a, b)
     if a.ndim == 2 and b.ndim == 3:  # conv: W (O,K) @ cols (N,K,P) -> (N,O,P)
         n, k, p = b.shape
         o = a.shape[0]
@@ -64,23 +70,25 @@ def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
             else:
                 _split(lambda lo, hi: np.matmul(a, b[:, :, lo:hi], out=out[:, :, lo:hi]), p, parts)
         return out
-    if a.ndim == 2 and b.ndim == 2:
-        m, k = a.shape
-        p = b.shape[1]
-        out = np.empty((m, p), dtype=np.result_type(a, b))
-        flops = 2 * m * k * p
-        if m >= p:
-            parts = parts_for(flops, m)
-            if parts == 1:
-                return np.matmul(a, b, out=out)
-            _split(lambda lo, hi: np.matmul(a[lo:hi], b, out=out[lo:hi]), m, parts)
-        else:
-            parts = parts_for(flops, p)
-            if parts == 1:
-                return np.matmul(a, b, out=out)
-            _split(lambda lo, hi: np.matmul(a, b[:, lo:hi], out=out[:, lo:hi]), p, parts)
-        return out
     return np.matmul(a, b)
+
+
+def _matmul_2d(a: np.ndarray, b: np.ndarray | blas.Weights) -> np.ndarray:
+    m, k = a.shape
+    p = b.shape[1]
+    out = np.empty((m, p), dtype=np.result_type(a, b.dtype))
+    flops = 2 * m * k * p
+    if m >= p:
+        parts = parts_for(flops, m)
+        if parts == 1:
+            return blas.gemm(a, b, out)
+        _split(lambda lo, hi: blas.gemm(a[lo:hi], b, out[lo:hi]), m, parts)
+    else:
+        parts = parts_for(flops, p)
+        if parts == 1:
+            return blas.gemm(a, b, out)
+        _split(lambda lo, hi: blas.gemm(a, b, out[:, lo:hi], (lo, hi)), p, parts)
+    return out
 
 
 def _split(work: Callable[[int, int], object], extent: int, parts: int) -> None:
