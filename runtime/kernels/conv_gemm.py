@@ -44,14 +44,14 @@ def worth_row_tiling(rows: int) -> bool:
     return rows >= 2 * MIN_TILE_ROWS
 
 
-def tiled_matmul(x2: np.ndarray, w: np.ndarray | blas.Weights, epilogue: RowEpilogue | None) -> np.ndarray:
+def tiled_matmul(x2: np.ndarray, w: np.ndarray, epilogue: RowEpilogue | None) -> np.ndarray:
     """x2 (rows, K) @ w (K, O) in row tiles, the epilogue run on each tile while it is in cache
     (a pointwise convolution: no im2col, but one pass less over the output)."""
     rows, k = x2.shape
     o = w.shape[1]
     balanced = -(-rows // (2 * parallel.THREADS))  # at least two tiles per thread when rows allow
     step = max(MIN_TILE_ROWS, min(balanced, TILE_BYTES // max(1, (k + o) * x2.itemsize)))
-    y2 = np.empty((rows, o), dtype=np.result_type(x2, w.dtype))
+    y2 = np.empty((rows, o), dtype=np.result_type(x2, w))
 
     def tile(t: int) -> None:
         r0, r1 = t * step, min(rows, (t + 1) * step)
@@ -77,7 +77,7 @@ def worth_tiling(win: np.ndarray) -> bool:
     return win.size * win.itemsize >= MIN_TILES * TILE_BYTES
 
 
-def tiled_conv(win: np.ndarray, w_gemm: np.ndarray | blas.Weights, epilogue: RowEpilogue | None) -> np.ndarray:
+def tiled_conv(win: np.ndarray, w_gemm: np.ndarray, epilogue: RowEpilogue | None) -> np.ndarray:
     """y (N, OH, OW, O) = im2col(win) @ w_gemm, the epilogue run on each tile as it is produced.
 
     `win` is the (N, OH, OW, kh, kw, C) window view of the padded input (nhwc.windows_hw).
@@ -86,7 +86,7 @@ def tiled_conv(win: np.ndarray, w_gemm: np.ndarray | blas.Weights, epilogue: Row
     k, o = w_gemm.shape
     row_bytes = ow * k * win.itemsize
     blocks = _blocks(n, oh, ow, row_bytes)
-    y = np.empty((n, oh, ow, o), dtype=np.result_type(win, w_gemm.dtype))
+    y = np.empty((n, oh, ow, o), dtype=np.result_type(win, w_gemm))
     y2 = y.reshape(-1, o)
     tile_rows = max((b1 - b0) * (i1 - i0) for b0, b1, i0, i1 in blocks) * ow
     buffers: dict[int, np.ndarray] = {}  # one column buffer per worker thread

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import blas, conv_gemm, jit, parallel
+from . import conv_gemm, jit, parallel
 from .nn import _jit_activation, conv_geometry, make_epilogue, out_size
 from .registry import KernelSpec, Run, register
 
@@ -62,7 +62,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     jit_act = _jit_activation(spec.attrs.get("activation"))
     jit_epilogue = jit.AVAILABLE and jit_act is not None
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
-    w_gemm = blas.Weights(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
+    w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
     w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
     w_groups = [np.ascontiguousarray(w[g * (o // group):(g + 1) * (o // group)].transpose(2, 3, 1, 0).reshape(kh * kw * cg, -1))
                 for g in range(group)] if not depthwise and group > 1 else []

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import blas, jit, parallel
+from . import jit, parallel
 from .elementwise import unary_fn
 from .registry import KernelSpec, Run, register
 
@@ -312,11 +312,11 @@ def matmul(spec: KernelSpec) -> Run:
     """FusedMatMul(a, b, bias, [residual]) = act(a @ b + bias + residual)."""
     epilogue = make_epilogue(spec.attrs)
     b_const = spec.const(1)
-    b_fast = None if b_const is None else blas.Weights(b_const) if b_const.ndim == 2 else np.ascontiguousarray(b_const)
+    b_fast = None if b_const is None else np.ascontiguousarray(b_const)
 
     def run(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         bb = b_fast if b_fast is not None else b
-        if a.ndim > 2 and len(bb.shape) == 2:  # one big GEMM instead of a loop of small ones
+        if a.ndim > 2 and bb.ndim == 2:  # one big GEMM instead of a loop of small ones
             y = parallel.matmul(a.reshape(-1, a.shape[-1]), bb).reshape(a.shape[:-1] + (bb.shape[-1],))
         else:
             y = parallel.matmul(a, bb)

@@ -46,11 +46,9 @@ def parts_for(flops: int, extent: int) -> int:
     return max(1, min(THREADS, extent, flops // MIN_FLOPS_PER_THREAD))
 
 
-def matmul(a: np.ndarray, b: np.ndarray | blas.Weights) -> np.ndarray:
+def matmul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """a @ b with NumPy broadcasting semantics for a (M,K) weight and b (K,P) or (N,K,P) stack,
     or an (M,K) activation times a (K,P) weight; split along the largest independent axis."""
-    if isinstance(b, blas.Weights):
-        return _matmul_2d(a, b) if a.ndim == 2 else np.matmul(a, b.array)
     if a.ndim == 2 and b.ndim == 2:
         return _matmul_2d(a, b)
     if a.ndim == 2 and b.ndim == 3:  # conv: W (O,K) @ cols (N,K,P) -> (N,O,P)
@@ -73,10 +71,10 @@ def matmul(a: np.ndarray, b: np.ndarray | blas.Weights) -> np.ndarray:
     return np.matmul(a, b)
 
 
-def _matmul_2d(a: np.ndarray, b: np.ndarray | blas.Weights) -> np.ndarray:
+def _matmul_2d(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     m, k = a.shape
     p = b.shape[1]
-    out = np.empty((m, p), dtype=np.result_type(a, b.dtype))
+    out = np.empty((m, p), dtype=np.result_type(a, b))
     flops = 2 * m * k * p
     if m >= p:
         parts = parts_for(flops, m)
@@ -87,7 +85,7 @@ def _matmul_2d(a: np.ndarray, b: np.ndarray | blas.Weights) -> np.ndarray:
         parts = parts_for(flops, p)
         if parts == 1:
             return blas.gemm(a, b, out)
-        _split(lambda lo, hi: blas.gemm(a, b, out[:, lo:hi], (lo, hi)), p, parts)
+        _split(lambda lo, hi: blas.gemm(a, b[:, lo:hi], out[:, lo:hi]), p, parts)
     return out
 
 
