@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import site
 import sys
 from pathlib import Path
 
@@ -22,7 +23,8 @@ _F32 = np.dtype(np.float32)
 
 
 def _candidates() -> list[Path]:
-    dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib"]
+    """Where pip puts the mkl wheel's libraries: <prefix>/lib of the venv, the base or --user install."""
+    dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", Path(site.getuserbase()) / "lib"]
     return [d / name for d in dirs for name in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")]
 
 
