@@ -63,6 +63,17 @@ async def finish_build(client: KubeClient, api: ApiServerEmulator, target: str, 
     return job_name
 
 
+async def deploy_one_target(client: KubeClient, api: ApiServerEmulator, md: dict[str, Any], index: int, key: str) -> None:
+    """Create the ModelDeployment with only its index-th target, finish that build, and wait for
+    the serving Deployment the operator then rolls out."""
+    md["spec"]["targets"] = [md["spec"]["targets"][index]]
+    target = md["spec"]["targets"][0]["name"]
+    await asyncio.to_thread(client.create, md)
+    await eventually(lambda: objs(api, "jobs"))
+    await finish_build(client, api, target, key=key)
+    await eventually(lambda: objs(api, "deployments").get(f"resnet-{target}"))
+
+
 async def make_ready(client: KubeClient, name: str, replicas: int) -> None:
     """Play the Deployment controller: all replicas updated and ready."""
     await asyncio.to_thread(client.patch_status, "apps/v1", "Deployment", NS, name, {
@@ -143,11 +154,7 @@ async def test_create_build_serve_status_and_delete_with_emulated_gc(
 
 async def test_converged_operator_writes_nothing_more(
         api: ApiServerEmulator, client: KubeClient, operator: Any, md: dict[str, Any]) -> None:
-    md["spec"]["targets"] = [md["spec"]["targets"][2]]  # cpu only
-    await asyncio.to_thread(client.create, md)
-    await eventually(lambda: objs(api, "jobs"))
-    await finish_build(client, api, "cpu", key="host-fp16")
-    await eventually(lambda: objs(api, "deployments").get("resnet-cpu"))
+    await deploy_one_target(client, api, md, 2, key="host-fp16")  # cpu only
     await make_ready(client, "resnet-cpu", 1)
     await eventually(lambda: (condition(api, "resnet", "Ready") or {}).get("status") == "True")
     # Once converged, the operator's own follow-up events (status writes it caused) must settle
@@ -164,11 +171,7 @@ async def test_converged_operator_writes_nothing_more(
 
 async def test_spec_change_rolls_out_after_the_new_engine_verified(
         api: ApiServerEmulator, client: KubeClient, operator: Any, md: dict[str, Any]) -> None:
-    md["spec"]["targets"] = [md["spec"]["targets"][0]]  # h100 only
-    await asyncio.to_thread(client.create, md)
-    await eventually(lambda: objs(api, "jobs"))
-    await finish_build(client, api, "h100", key="fp16-key")
-    await eventually(lambda: objs(api, "deployments").get("resnet-h100"))
+    await deploy_one_target(client, api, md, 0, key="fp16-key")  # h100 only
 
     live = await asyncio.to_thread(client.get, *MD, NS, "resnet")
     live["spec"]["targets"][0]["precision"] = "int8"
