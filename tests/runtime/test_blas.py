@@ -50,7 +50,7 @@ def test_gemm_on_strided_rows_and_column_slices() -> None:
 
 
 @pytest.mark.parametrize("m,k,n", [(49, 4608, 512), (196, 256, 1024), (1024, 144, 32)])
-def test_threaded_splits_match_numpy(m: int, k: int, n: int) -> None:
+def test_threaded_splits_match_the_reference(m: int, k: int, n: int) -> None:
     """parallel.matmul hands MKL row slices (m >= n) or column slices (m < n) of the operands."""
     a, w = _rand(m, k), _rand(k, n, seed=4)
     assert_product(parallel.matmul(a, w), a, w)
