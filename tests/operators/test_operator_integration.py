@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
+from typing import Any, Callable
 
 import pytest
+from kubernetes.client.exceptions import ApiException
 
 from kubetrt.operators import objects, rbac
 from kubetrt.operators.kube import KubeClient
@@ -72,6 +73,21 @@ async def deploy_one_target(client: KubeClient, api: ApiServerEmulator, md: dict
     await eventually(lambda: objs(api, "jobs"))
     await finish_build(client, api, target, key=key)
     await eventually(lambda: objs(api, "deployments").get(f"resnet-{target}"))
+
+
+async def edit_model_deployment(client: KubeClient, change: Callable[[dict[str, Any]], None]) -> None:
+    """Edit as `kubectl edit` does: get, change, replace, and on a 409 (the operator wrote status
+    in between, so the resourceVersion moved) read again and retry."""
+    for _ in range(10):
+        live = await asyncio.to_thread(client.get, *MD, NS, "resnet")
+        change(live)
+        try:
+            await asyncio.to_thread(client.replace, live, live)
+            return
+        except ApiException as exc:
+            if exc.status != 409:
+                raise
+    raise AssertionError("replacing the ModelDeployment conflicted 10 times in a row")
 
 
 async def make_ready(client: KubeClient, name: str, replicas: int) -> None:
@@ -173,9 +189,7 @@ async def test_spec_change_rolls_out_after_the_new_engine_verified(
         api: ApiServerEmulator, client: KubeClient, operator: Any, md: dict[str, Any]) -> None:
     await deploy_one_target(client, api, md, 0, key="fp16-key")  # h100 only
 
-    live = await asyncio.to_thread(client.get, *MD, NS, "resnet")
-    live["spec"]["targets"][0]["precision"] = "int8"
-    await asyncio.to_thread(client.replace, live, live)
+    await edit_model_deployment(client, lambda live: live["spec"]["targets"][0].update(precision="int8"))
     await eventually(lambda: len(objs(api, "jobs")) == 2)
     await asyncio.sleep(0.3)
     env = objs(api, "deployments")["resnet-h100"]["spec"]["template"]["spec"]["containers"][0]["env"]
