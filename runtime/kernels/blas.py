@@ -12,39 +12,27 @@ from __future__ import annotations
 
 import ctypes
 import os
-import site
-import sys
-from pathlib import Path
 
 import numpy as np
+
+from .native import load_first
 
 _ROW_MAJOR, _NO_TRANS, _SEQUENTIAL = 101, 111, 1
 _F32 = np.dtype(np.float32)
 
 
-def _candidates() -> list[Path]:
-    """Where pip puts the mkl wheel's libraries: <prefix>/lib of the venv, the base or --user install."""
-    dirs = [Path(sys.prefix) / "lib", Path(sys.base_prefix) / "lib", Path(site.getuserbase()) / "lib"]
-    return [d / name for d in dirs for name in ("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so")]
-
-
 def _load() -> ctypes.CDLL | None:
     if os.environ.get("KUBETRT_BLAS", "auto").lower() == "numpy":
         return None
-    for path in _candidates():
-        if not path.is_file():
-            continue
-        try:
-            lib = ctypes.CDLL(str(path))  # RTLD_LOCAL: MKL's symbols never shadow NumPy's OpenBLAS
-        except OSError:
-            continue
-        lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
-        lib.MKL_Set_Threading_Layer(_SEQUENTIAL)  # must precede every other MKL call
-        i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
-        lib.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
-        lib.cblas_sgemm.restype = None
-        return lib
-    return None
+    lib = load_first(("libmkl_rt.so.3", "libmkl_rt.so.2", "libmkl_rt.so"))
+    if lib is None:
+        return None
+    lib.MKL_Set_Threading_Layer.argtypes = [ctypes.c_int]
+    lib.MKL_Set_Threading_Layer(_SEQUENTIAL)  # must precede every other MKL call
+    i, f, p = ctypes.c_int, ctypes.c_float, ctypes.c_void_p
+    lib.cblas_sgemm.argtypes = [i, i, i, i, i, i, f, p, i, p, i, f, p, i]
+    lib.cblas_sgemm.restype = None
+    return lib
 
 
 _mkl = _load()

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import conv_gemm, jit, parallel
+from . import conv_gemm, jit, onednn, parallel
 from .nn import _jit_activation, conv_geometry, make_epilogue, out_size
 from .registry import KernelSpec, Run, register
 
@@ -64,6 +64,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
     w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
     w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
+    dnnl = onednn.conv_for_node(spec, w, "nhwc")
     w_groups = [np.ascontiguousarray(w[g * (o // group):(g + 1) * (o // group)].transpose(2, 3, 1, 0).reshape(kh * kw * cg, -1))
                 for g in range(group)] if not depthwise and group > 1 else []
 
@@ -100,6 +101,8 @@ def conv_nhwc(spec: KernelSpec) -> Run:
         if c != cg * group:
             raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
         strides, dil, b, e, oh, ow = geometry(h, wd)
+        if dnnl is not None and x.dtype == np.float32:
+            return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
         if use_jit:
             kind, lo, hi = jit_act  # type: ignore[misc]
             return (jit.depthwise_conv_nhwc(x, w_dw, bias, strides, dil, b, oh, ow, kind, lo, hi),)  # type: ignore[arg-type]

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import jit, parallel
+from . import jit, onednn, parallel
 from .elementwise import unary_fn
 from .registry import KernelSpec, Run, register
 
@@ -163,6 +163,20 @@ def conv(spec: KernelSpec) -> Run:
             y, residual = residual, None
         return (finish(y, bias if has_bias else None, residual if has_residual else None),)
 
+    dnnl = onednn.conv_for_node(spec, w_const, "nchw")
+
+    def run_onednn(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        if x.ndim != 4 or x.dtype != np.float32:
+            return run(x, w, bias, residual)
+        n, c, h, wd = x.shape
+        o, cg, kh, kw = w.shape
+        if c != cg * group:
+            raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
+        _, _, b, e, oh, ow = geometry(h, wd, kh, kw)
+        return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)  # type: ignore[misc]
+
+    if dnnl is not None:
+        return run_onednn
     return run_jit_depthwise if jit_depthwise else run
 
 

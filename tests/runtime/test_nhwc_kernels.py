@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kubetrt.runtime.kernels import conv_gemm, jit
+from kubetrt.runtime.kernels import conv_gemm, jit, onednn
 from onnx_cases import make_model, node, run_kubetrt, run_ort
 
 rng = np.random.default_rng(7)
@@ -24,7 +24,9 @@ def assert_same_as_ort(model, feeds) -> None:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def small_tiles(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Tiles of a few KiB, so test-sized tensors take the tiled paths; records which ran."""
+    """Tiles of a few KiB, so test-sized tensors take the tiled paths; records which ran.
+    oneDNN is switched off: these tests are about the GEMM path it would otherwise replace."""
+    monkeypatch.setattr(onednn, "AVAILABLE", False)
     calls: list[str] = []
     for name in ("tiled_conv", "tiled_matmul"):
         real = getattr(conv_gemm, name)

@@ -1,0 +1,355 @@
+"""Convolutions through oneDNN when the `onednn` extra is installed; the GEMM kernels otherwise.
+
+Why: im2col + GEMM + a NumPy/numba epilogue writes every convolution's input several times over
+and cannot fuse below a Python call per tile. oneDNN's convolutions read NHWC directly, keep the
+weights in the blocked layout its kernels want (reordered once here, per shape), and apply bias,
+the residual sum and the activation in registers. It is the library TensorFlow's own CPU
+convolutions use. The binding is plain ctypes over the stable C API (v3), enum values are looked
+up by name through the library's own *2str functions, so no header is needed at run time.
+KUBETRT_CONV=gemm turns it off.
+
+Threads: oneDNN runs its OpenMP team inside each call (cheap hand-offs; the runtime's Python pool
+costs ~50 us per hop), so these calls are not split further by the runtime.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import threading
+from typing import Any
+
+import numpy as np
+
+from .native import load_first
+
+_F32 = np.dtype(np.float32)
+_MAX_DIMS = 12
+_Dims = ctypes.c_int64 * _MAX_DIMS
+_ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
+_ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
+_QUERY_WEIGHTS_MD, _QUERY_SCRATCHPAD_MD, _QUERY_IMPL_INFO, _QUERY_EXEC_ARG_MD = 131, 136, 8, 255
+
+
+class _ExecArg(ctypes.Structure):
+    _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
+
+
+def _load() -> ctypes.CDLL | None:
+    if os.environ.get("KUBETRT_CONV", "auto").lower() == "gemm":
+        return None
+    lib = load_first(("libdnnl.so.3",))
+    if lib is None:
+        return None
+    p, i, f = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
+    pp = ctypes.POINTER(ctypes.c_void_p)
+    signatures: dict[str, tuple[list[Any], Any]] = {
+        "dnnl_engine_create": ([pp, i, ctypes.c_size_t], i),
+        "dnnl_stream_create": ([pp, p, ctypes.c_uint], i),
+        "dnnl_stream_wait": ([p], i),
+        "dnnl_memory_desc_create_with_tag": ([pp, i, _Dims, i, i], i),
+        "dnnl_memory_desc_clone": ([pp, p], i),
+        "dnnl_memory_desc_destroy": ([p], i),
+        "dnnl_memory_desc_get_size": ([p], ctypes.c_size_t),
+        "dnnl_memory_desc_equal": ([p, p], i),
+        "dnnl_memory_create": ([pp, p, p, p], i),
+        "dnnl_memory_destroy": ([p], i),
+        "dnnl_memory_set_data_handle": ([p, p], i),
+        "dnnl_primitive_attr_create": ([pp], i),
+        "dnnl_primitive_attr_destroy": ([p], i),
+        "dnnl_primitive_attr_set_scratchpad_mode": ([p, i], i),
+        "dnnl_primitive_attr_set_post_ops": ([p, p], i),
+        "dnnl_post_ops_create": ([pp], i),
+        "dnnl_post_ops_destroy": ([p], i),
+        "dnnl_post_ops_append_sum": ([p, f, ctypes.c_int32, i], i),
+        "dnnl_post_ops_append_eltwise": ([p, i, f, f], i),
+        "dnnl_convolution_forward_primitive_desc_create": ([pp, p, i, i, p, p, p, p, _Dims, _Dims, _Dims, _Dims, p], i),
+        "dnnl_reorder_primitive_desc_create": ([pp, p, p, p, p, p], i),
+        "dnnl_primitive_desc_query_md": ([p, i, i], p),
+        "dnnl_primitive_desc_query": ([p, i, i, p], i),
+        "dnnl_primitive_desc_destroy": ([p], i),
+        "dnnl_primitive_create": ([pp, p], i),
+        "dnnl_primitive_execute": ([p, p, i, ctypes.POINTER(_ExecArg)], i),
+        "dnnl_primitive_destroy": ([p], i),
+    }
+    for name, (args, res) in signatures.items():
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = args, res
+    for name in ("dnnl_status2str", "dnnl_fmt_tag2str", "dnnl_alg_kind2str", "dnnl_prop_kind2str", "dnnl_dt2str",
+                 "dnnl_engine_kind2str", "dnnl_scratchpad_mode2str"):
+        fn = getattr(lib, name)
+        fn.argtypes, fn.restype = [i], ctypes.c_char_p
+    return lib
+
+
+_lib = _load()
+AVAILABLE = _lib is not None
+
+
+def _enum(kind: str, name: str, limit: int = 1024) -> int:
+    """An enum value by its name, as this build of the library spells it (values move between versions)."""
+    to_str = getattr(_lib, f"dnnl_{kind}2str")
+    for v in range(limit):
+        if to_str(v) == name.encode():
+            return v
+    raise RuntimeError(f"oneDNN: no {kind} named {name!r} in this build")
+
+
+def _check(status: int, what: str) -> None:
+    if status != 0:
+        raise RuntimeError(f"oneDNN {what} failed: {_lib.dnnl_status2str(status).decode()}")  # type: ignore[union-attr]
+
+
+class _Library:
+    """Engine, enum values and one stream per thread (streams are not shared across threads)."""
+
+    def __init__(self) -> None:
+        self.f32 = _enum("dt", "f32")
+        self.tag_any, self.tag_a = _enum("fmt_tag", "any"), _enum("fmt_tag", "a")
+        self.tag_abcd, self.tag_acdb, self.tag_abcde = _enum("fmt_tag", "abcd"), _enum("fmt_tag", "acdb"), _enum("fmt_tag", "abcde")
+        self.inference = _enum("prop_kind", "forward_inference")
+        self.conv_direct = _enum("alg_kind", "convolution_direct")
+        self.relu, self.clip = _enum("alg_kind", "eltwise_relu"), _enum("alg_kind", "eltwise_clip")
+        self.scratchpad_user = _enum("scratchpad_mode", "user")
+        self.engine = ctypes.c_void_p()
+        _check(_lib.dnnl_engine_create(ctypes.byref(self.engine), _enum("engine_kind", "cpu"), 0), "engine_create")  # type: ignore[union-attr]
+        self._local = threading.local()
+
+    def stream(self) -> ctypes.c_void_p:
+        s = getattr(self._local, "stream", None)
+        if s is None:
+            s = ctypes.c_void_p()
+            _check(_lib.dnnl_stream_create(ctypes.byref(s), self.engine, 1), "stream_create")  # type: ignore[union-attr]
+            self._local.stream = s
+        return s
+
+
+_state: _Library | None = None
+_state_lock = threading.Lock()
+
+
+def _library() -> _Library:
+    global _state
+    with _state_lock:
+        if _state is None:
+            _state = _Library()
+        return _state
+
+
+def _md(dims: tuple[int, ...], dtype: int, tag: int) -> ctypes.c_void_p:
+    md = ctypes.c_void_p()
+    _check(_lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), _Dims(*dims), dtype, tag), "memory_desc_create")  # type: ignore[union-attr]
+    return md
+
+
+def _memory(md: Any, data: int) -> ctypes.c_void_p:
+    mem = ctypes.c_void_p()
+    _check(_lib.dnnl_memory_create(ctypes.byref(mem), md, _library().engine, ctypes.c_void_p(data)), "memory_create")  # type: ignore[union-attr]
+    return mem
+
+
+def _aligned(nbytes: int) -> np.ndarray:
+    """A 64-byte aligned byte buffer (oneDNN's blocked kernels load whole cache lines)."""
+    raw = np.empty(nbytes + 64, dtype=np.uint8)
+    off = (-raw.ctypes.data) % 64
+    return raw[off:off + nbytes]
+
+
+class _Memories:
+    """One thread's memory objects for a primitive's arguments, plus its packed argument list."""
+
+    def __init__(self, slots: list[tuple[int, Any]], ptrs: list[int], scratch_bytes: int, scratch_md: Any) -> None:
+        self.scratch = _aligned(scratch_bytes) if scratch_bytes else None  # user scratchpad: per thread, so calls never share it
+        if self.scratch is not None:
+            slots = slots + [(_ARG_SCRATCHPAD, scratch_md)]
+        self.mems = [_memory(md, ptr) for (_, md), ptr in zip(slots, ptrs + ([self.scratch.ctypes.data] if self.scratch is not None else []))]
+        self.ptrs = list(ptrs)
+        self.packed = (_ExecArg * len(slots))(*[_ExecArg(a, m.value) for (a, _), m in zip(slots, self.mems)])
+
+    def __del__(self) -> None:
+        if _lib is not None:
+            for m in self.mems:
+                _lib.dnnl_memory_destroy(m)
+
+
+class _Primitive:
+    """A primitive and its argument slots; each thread binds its own memory objects once and then
+    only swaps the data pointers that changed (2 us each) before executing (4 us)."""
+
+    def __init__(self, pd: ctypes.c_void_p, args: list[int]) -> None:
+        lib = _lib
+        self.pd = pd
+        self.handle = ctypes.c_void_p()
+        _check(lib.dnnl_primitive_create(ctypes.byref(self.handle), pd), "primitive_create")  # type: ignore[union-attr]
+        self.slots = [(a, lib.dnnl_primitive_desc_query_md(pd, _QUERY_EXEC_ARG_MD, a)) for a in args]  # type: ignore[union-attr]
+        self.scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)  # type: ignore[union-attr]
+        self.scratch_bytes = int(lib.dnnl_memory_desc_get_size(self.scratch_md)) if self.scratch_md else 0  # type: ignore[union-attr]
+        self._local = threading.local()
+
+    def md(self, arg: int) -> Any:
+        return _lib.dnnl_primitive_desc_query_md(self.pd, _QUERY_EXEC_ARG_MD, arg)  # type: ignore[union-attr]
+
+    def impl(self) -> str:
+        s = ctypes.c_char_p()
+        _check(_lib.dnnl_primitive_desc_query(self.pd, _QUERY_IMPL_INFO, 0, ctypes.byref(s)), "query impl")  # type: ignore[union-attr]
+        return (s.value or b"").decode()
+
+    def execute(self, ptrs: list[int]) -> None:
+        """Run on this thread's stream with `ptrs` in the order of the slots given at creation."""
+        lib = _lib
+        bound: _Memories | None = getattr(self._local, "bound", None)
+        if bound is None:
+            bound = self._local.bound = _Memories(self.slots, ptrs, self.scratch_bytes, self.scratch_md)
+        else:
+            for i, ptr in enumerate(ptrs):
+                if bound.ptrs[i] != ptr:
+                    _check(lib.dnnl_memory_set_data_handle(bound.mems[i], ptr), "memory_set_data_handle")  # type: ignore[union-attr]
+                    bound.ptrs[i] = ptr
+        stream = _library().stream()
+        _check(lib.dnnl_primitive_execute(self.handle, stream, len(bound.packed), bound.packed), "primitive_execute")  # type: ignore[union-attr]
+        _check(lib.dnnl_stream_wait(stream), "stream_wait")  # type: ignore[union-attr]
+
+    def __del__(self) -> None:
+        if _lib is not None:
+            self._local = None
+            _lib.dnnl_primitive_destroy(self.handle)
+            _lib.dnnl_primitive_desc_destroy(self.pd)
+
+
+def activation_post_op(act: tuple[str, dict[str, Any]] | None) -> tuple[str, float, float] | None | bool:
+    """("relu"|"clip", alpha, beta) for what oneDNN fuses, None for no activation, False if unsupported."""
+    if not act:
+        return None
+    if act[0] == "Relu":
+        return ("relu", 0.0, 0.0)
+    if act[0] == "Clip":
+        lo, hi = float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf))
+        if np.isfinite(lo) and np.isfinite(hi):
+            return ("clip", lo, hi)
+        if lo == 0.0 and not np.isfinite(hi):
+            return ("relu", 0.0, 0.0)
+    return False
+
+
+class Conv2D:
+    """A float32 NHWC convolution with bias, optional residual sum and ReLU/Clip, fused.
+
+    One primitive per input shape, created on first use; weights are reordered to the primitive's
+    preferred layout once and shared by every shape that prefers the same one.
+    """
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, group: int, strides: list[int], dil: list[int],
+                 activation: tuple[str, float, float] | None, residual: bool, layout: str = "nhwc", name: str = "conv") -> None:
+        self.name = name
+        self.w = np.ascontiguousarray(w, dtype=np.float32)  # (O, I/group, kh, kw): ONNX layout
+        self.nhwc = layout == "nhwc"
+        self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
+        self.group, self.strides, self.dil = group, list(strides), list(dil)
+        self.activation, self.residual = activation, residual
+        self._shapes: dict[tuple[int, ...], tuple[_Primitive, np.ndarray]] = {}
+        self._weights: list[tuple[Any, np.ndarray]] = []  # (memory desc clone, reordered weights)
+        self._lock = threading.Lock()
+
+    def _weights_dims(self) -> tuple[tuple[int, ...], int]:
+        o, cg, kh, kw = self.w.shape
+        lib = _library()
+        if self.group == 1:
+            return (o, cg, kh, kw), lib.tag_abcd
+        return (self.group, o // self.group, cg, kh, kw), lib.tag_abcde
+
+    def _reordered(self, want_md: Any) -> np.ndarray:
+        for md, buf in self._weights:
+            if _lib.dnnl_memory_desc_equal(md, want_md):  # type: ignore[union-attr]
+                return buf
+        lib, st = _lib, _library()
+        dims, tag = self._weights_dims()
+        user_md = _md(dims, st.f32, tag)
+        buf = _aligned(int(lib.dnnl_memory_desc_get_size(want_md)))  # type: ignore[union-attr]
+        pd = ctypes.c_void_p()
+        try:
+            _check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), user_md, st.engine, want_md, st.engine, None), "reorder")  # type: ignore[union-attr]
+            _Primitive(pd, [_ARG_FROM, _ARG_TO]).execute([self.w.ctypes.data, buf.ctypes.data])
+        finally:
+            lib.dnnl_memory_desc_destroy(user_md)  # type: ignore[union-attr]
+        kept = ctypes.c_void_p()
+        _check(lib.dnnl_memory_desc_clone(ctypes.byref(kept), want_md), "memory_desc_clone")  # type: ignore[union-attr]
+        self._weights.append((kept, buf))
+        return buf
+
+    def _primitive(self, n: int, h: int, wd: int, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> tuple[_Primitive, np.ndarray]:
+        key = (n, h, wd, *pads_begin, *pads_end)
+        found = self._shapes.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            if key in self._shapes:
+                return self._shapes[key]
+            lib, st = _lib, _library()
+            o, cg = self.w.shape[:2]
+            dims, _ = self._weights_dims()
+            tag = st.tag_acdb if self.nhwc else st.tag_abcd
+            mds = [_md((n, cg * self.group, h, wd), st.f32, tag), _md(dims, st.f32, st.tag_any),
+                   _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), st.f32, tag)]
+            attr, post = ctypes.c_void_p(), ctypes.c_void_p()
+            _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
+            _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
+            _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
+            try:
+                if self.residual:
+                    _check(lib.dnnl_post_ops_append_sum(post, 1.0, 0, st.f32), "post_ops sum")  # type: ignore[union-attr]
+                if self.activation is not None:
+                    kind, alpha, beta = self.activation
+                    _check(lib.dnnl_post_ops_append_eltwise(post, st.relu if kind == "relu" else st.clip, alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
+                _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
+                pd = ctypes.c_void_p()
+                _check(lib.dnnl_convolution_forward_primitive_desc_create(  # type: ignore[union-attr]
+                    ctypes.byref(pd), st.engine, st.inference, st.conv_direct, mds[0], mds[1], mds[2], mds[3],
+                    _Dims(*self.strides), _Dims(*[d - 1 for d in self.dil]), _Dims(*pads_begin), _Dims(*pads_end), attr), "convolution")
+            finally:
+                lib.dnnl_post_ops_destroy(post)  # type: ignore[union-attr]
+                lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
+                for md in mds:
+                    if md is not None:
+                        lib.dnnl_memory_desc_destroy(md)  # type: ignore[union-attr]
+            prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []))
+            weights = self._reordered(prim.md(_ARG_WEIGHTS))
+            self._shapes[key] = (prim, weights)
+            return prim, weights
+
+    def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
+                 residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
+        """y = act(conv(x) + bias [+ residual]) in this convolution's layout. With overwrite_residual
+        the sum lands in the residual's own buffer (the executor says when it is dying)."""
+        n, h, wd = (x.shape[0], x.shape[1], x.shape[2]) if self.nhwc else (x.shape[0], x.shape[2], x.shape[3])
+        x = np.ascontiguousarray(x)
+        o = self.w.shape[0]
+        shape = (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
+        prim, weights = self._primitive(n, h, wd, oh, ow, pads_begin, pads_end)
+        if self.residual:
+            if residual is None:
+                raise ValueError(f"Conv {self.name}: built with a residual sum, but no residual was passed")
+            if residual.shape != shape:
+                raise ValueError(f"Conv {self.name}: residual shape {residual.shape} differs from output {shape}")
+            if overwrite_residual and residual.flags.writeable and residual.flags.c_contiguous and residual.dtype == _F32:
+                out = residual
+            else:
+                out = np.empty(shape, dtype=_F32)
+                np.copyto(out, residual)
+        else:
+            out = np.empty(shape, dtype=_F32)
+        ptrs = [x.ctypes.data, out.ctypes.data, weights.ctypes.data]
+        if self.bias is not None:
+            ptrs.append(self.bias.ctypes.data)
+        prim.execute(ptrs)
+        return out
+
+
+def conv_for_node(spec: Any, w: np.ndarray | None, layout: str) -> Conv2D | None:
+    """The oneDNN convolution for a (Fused)Conv node, or None where it does not apply: no library,
+    non-float32 or non-constant weights or bias, or an activation oneDNN does not fuse."""
+    act = activation_post_op(spec.attrs.get("activation"))
+    bias = spec.const(2) if spec.has(2) else None
+    if not AVAILABLE or w is None or w.ndim != 4 or w.dtype != _F32 or act is False or (spec.has(2) and bias is None):
+        return None
+    strides = list(spec.attr("strides") or [1, 1])
+    dil = list(spec.attr("dilations") or [1, 1])
+    return Conv2D(w, bias, spec.attr("group", 1), strides, dil, act, residual=spec.has(3), layout=layout, name=spec.name)  # type: ignore[arg-type]

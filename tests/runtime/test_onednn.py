@@ -1,0 +1,152 @@
+"""The oneDNN convolution path against onnxruntime: padding, strides, dilation, groups, depthwise,
+fused bias/residual/activation, batch changes on one compiled model, and threads sharing a primitive.
+fp32 tolerance rtol/atol 1e-4, as for the other kernels."""
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+from kubetrt.runtime.kernels import onednn
+from onnx_cases import make_model, node, run_kubetrt, run_ort
+
+needs_onednn = pytest.mark.skipif(not onednn.AVAILABLE, reason="the onednn extra is not installed: the GEMM path runs instead")
+rng = np.random.default_rng(11)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+@pytest.fixture
+def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Records the input shape of every convolution oneDNN ran."""
+    calls: list[tuple[int, ...]] = []
+    real = onednn.Conv2D.__call__
+
+    def spy(self: onednn.Conv2D, x: np.ndarray, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append(x.shape)
+        return real(self, x, *a, **k)
+    monkeypatch.setattr(onednn.Conv2D, "__call__", spy)
+    return calls
+
+
+def assert_same_as_ort(model, feeds, executors=("sequential", "dataflow")) -> None:  # type: ignore[no-untyped-def]
+    ref = run_ort(model, feeds)
+    for executor in executors:
+        got = run_kubetrt(model, feeds, executor)
+        assert len(got) == len(ref)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-4)
+
+
+def test_dev_environment_has_onednn_on_x86() -> None:
+    """The dev extra installs onednn on x86_64, so the model tests against TensorFlow run this path."""
+    if platform.machine() != "x86_64":
+        pytest.skip("onednn wheels exist for x86_64 only; the GEMM path is the one here")
+    if os.environ.get("KUBETRT_CONV", "auto").lower() == "gemm":
+        pytest.skip("KUBETRT_CONV=gemm turns oneDNN off for this run")
+    assert onednn.AVAILABLE
+
+
+CASES = {
+    "3x3 same, bias, relu": ([node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["y"])],
+                             {"w": f32(8, 5, 3, 3), "b": f32(8)}, (5, 9, 11)),
+    "stride 2, asymmetric pads, clip 0..6": ([node("Conv", ["x", "w"], ["c"], pads=[0, 1, 1, 0], strides=[2, 2]),
+                                              node("Clip", ["c", "lo", "hi"], ["y"])],
+                                             {"w": f32(6, 4, 3, 3), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}, (4, 10, 9)),
+    "dilation 2, 5x3 kernel": ([node("Conv", ["x", "w", "b"], ["y"], pads=[4, 2, 4, 2], dilations=[2, 1])],
+                               {"w": f32(7, 3, 5, 3), "b": f32(7)}, (3, 12, 8)),
+    "two groups": ([node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], group=2), node("Relu", ["c"], ["y"])],
+                   {"w": f32(6, 2, 3, 3), "b": f32(6)}, (4, 7, 7)),
+    "depthwise stride 2 + clip": ([node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1], strides=[2, 2], group=8),
+                                   node("Clip", ["c", "lo", "hi"], ["y"])],
+                                  {"w": f32(8, 1, 3, 3), "b": f32(8), "lo": np.array(0, np.float32), "hi": np.array(6, np.float32)}, (8, 11, 11)),
+    "same_upper stride 2": ([node("Conv", ["x", "w"], ["y"], auto_pad="SAME_UPPER", strides=[2, 2])],
+                            {"w": f32(5, 3, 3, 3)}, (3, 8, 7)),
+    "residual + relu": ([node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Conv", ["x", "ws"], ["s"]),
+                         node("Add", ["c", "s"], ["sum"]), node("Relu", ["sum"], ["y"])],
+                        {"w": f32(6, 4, 3, 3), "b": f32(6), "ws": f32(6, 4, 1, 1)}, (4, 6, 6)),
+}
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize("batch", [1, 3])
+def test_convolution_matches_ort(onednn_calls: list, case: str, batch: int) -> None:
+    nodes, consts, chw = CASES[case]
+    feeds = {"x": f32(batch, *chw)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
+    assert onednn_calls, "no convolution ran through oneDNN"
+
+
+@needs_onednn
+def test_residual_that_is_also_an_output_is_not_overwritten(onednn_calls: list) -> None:
+    # s feeds the fused residual sum and is itself a graph output: the sum must not land in s
+    nodes = [node("Conv", ["x", "ws"], ["s"]), node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]),
+             node("Add", ["c", "s"], ["sum"]), node("Relu", ["sum"], ["y"])]
+    feeds = {"x": f32(2, 3, 6, 6)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y", "s"], {"w": f32(4, 3, 3, 3), "ws": f32(4, 3, 1, 1)}), feeds)
+    assert len(onednn_calls) >= 4
+
+
+@needs_onednn
+def test_activation_onednn_cannot_fuse_keeps_the_gemm_path(onednn_calls: list) -> None:
+    nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Sigmoid", ["c"], ["y"])]
+    feeds = {"x": f32(2, 3, 5, 5)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y"], {"w": f32(4, 3, 3, 3), "b": f32(4)}), feeds)
+    assert onednn_calls == []
+
+
+@needs_onednn
+def test_one_model_serves_several_batch_sizes() -> None:
+    """Primitives are per input shape; the reordered weights are shared between them."""
+    from kubetrt.runtime.devices.host import RUNTIME
+    from kubetrt.runtime.onnx_import import from_proto
+
+    consts = {"w": f32(8, 4, 3, 3), "b": f32(8)}
+    nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["y"])]
+    model = make_model(nodes, {"x": f32(1, 4, 6, 6)}, ["y"], consts, dynamic_batch=True)
+    exe = RUNTIME.prepare(from_proto(model), {"executor": "sequential"})
+    for batch in (1, 5, 1, 2):
+        x = f32(batch, 4, 6, 6)
+        np.testing.assert_allclose(exe.run([x])[0], run_ort(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+
+
+@needs_onednn
+def test_threads_sharing_one_convolution_get_their_own_results() -> None:
+    w, bias = f32(16, 8, 3, 3), f32(16)
+    conv = onednn.Conv2D(w, bias, 1, [1, 1], [1, 1], ("relu", 0.0, 0.0), residual=False)
+    inputs = [f32(2, 12, 12, 8) for _ in range(6)]
+    expected = [conv(x, 12, 12, [1, 1], [1, 1]).copy() for x in inputs]
+    got: dict[int, list[np.ndarray]] = {}
+
+    def work(t: int) -> None:
+        got[t] = [conv(x, 12, 12, [1, 1], [1, 1]) for x in inputs for _ in range(3)][::3]
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for t in range(4):
+        for g, e in zip(got[t], expected):
+            np.testing.assert_array_equal(g, e)
+
+
+@needs_onednn
+def test_residual_convolution_without_its_residual_is_a_clear_error() -> None:
+    conv = onednn.Conv2D(f32(4, 3, 1, 1), None, 1, [1, 1], [1, 1], None, residual=True)
+    with pytest.raises(ValueError, match="residual"):
+        conv(f32(1, 5, 5, 3), 5, 5, [0, 0], [0, 0])
+
+
+def test_kubetrt_conv_gemm_turns_onednn_off() -> None:
+    code = "from kubetrt.runtime.kernels import onednn; print(onednn.AVAILABLE)"
+    out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KUBETRT_CONV": "gemm"},
+                         capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
