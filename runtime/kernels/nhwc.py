@@ -62,16 +62,26 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     jit_act = _jit_activation(spec.attrs.get("activation"))
     jit_epilogue = jit.AVAILABLE and jit_act is not None
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
-    w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
-    w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
     dnnl = onednn.conv_for_node(spec, w, "nhwc")
-    w_groups = [np.ascontiguousarray(w[g * (o // group):(g + 1) * (o // group)].transpose(2, 3, 1, 0).reshape(kh * kw * cg, -1))
-                for g in range(group)] if not depthwise and group > 1 else []
 
     @functools.lru_cache(maxsize=64)
     def geometry(h: int, wd: int) -> tuple[list[int], list[int], list[int], list[int], int, int]:
         strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
         return strides, dil, b, e, out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+
+    if dnnl is not None:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
+        def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+            n, h, wd, c = x.shape
+            if c != cg * group:
+                raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
+            _, _, b, e, oh, ow = geometry(h, wd)
+            return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
+        return run_onednn
+
+    w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
+    w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
+    w_groups = [np.ascontiguousarray(w[g * (o // group):(g + 1) * (o // group)].transpose(2, 3, 1, 0).reshape(kh * kw * cg, -1))
+                for g in range(group)] if not depthwise and group > 1 else []
 
     def fits_jit_epilogue(dtype: np.dtype, residual: np.ndarray | None) -> bool:
         return jit_epilogue and dtype == np.float32 and (residual is None or residual.flags.c_contiguous)
@@ -101,8 +111,6 @@ def conv_nhwc(spec: KernelSpec) -> Run:
         if c != cg * group:
             raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
         strides, dil, b, e, oh, ow = geometry(h, wd)
-        if dnnl is not None and x.dtype == np.float32:
-            return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
         if use_jit:
             kind, lo, hi = jit_act  # type: ignore[misc]
             return (jit.depthwise_conv_nhwc(x, w_dw, bias, strides, dil, b, oh, ow, kind, lo, hi),)  # type: ignore[arg-type]

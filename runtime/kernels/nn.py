@@ -145,7 +145,8 @@ def conv(spec: KernelSpec) -> Run:
             np.matmul(w[g * og : (g + 1) * og].reshape(og, -1), cols, out=out[:, g * og : (g + 1) * og])
         return out.reshape(n, o, oh, ow)
 
-    w2_const = None if w_const is None else np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1))
+    dnnl = onednn.conv_for_node(spec, w_const, "nchw")
+    w2_const = None if w_const is None or dnnl is not None else np.ascontiguousarray(w_const.reshape(w_const.shape[0], -1))
 
     def run_jit_depthwise(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         n, c, h, wd = x.shape
@@ -157,13 +158,11 @@ def conv(spec: KernelSpec) -> Run:
         return (jit.depthwise_conv(pad_spatial(x, b, e), w, bias if has_bias else None, strides, dil, oh, ow, kind, lo, hi),)
 
     def run(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        y = core(x, w, w2_const if w_const is not None else None)
+        y = core(x, w, w2_const)
         if residual is not None and residual_inplace and residual.flags.writeable and residual.shape == y.shape:
             residual += y  # reuse the dying residual buffer, addition commutes
             y, residual = residual, None
         return (finish(y, bias if has_bias else None, residual if has_residual else None),)
-
-    dnnl = onednn.conv_for_node(spec, w_const, "nchw")
 
     def run_onednn(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         if x.ndim != 4 or x.dtype != np.float32:

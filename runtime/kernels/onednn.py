@@ -319,6 +319,8 @@ class Conv2D:
                  residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         """y = act(conv(x) + bias [+ residual]) in this convolution's layout. With overwrite_residual
         the sum lands in the residual's own buffer (the executor says when it is dying)."""
+        if x.dtype != _F32 or x.ndim != 4:
+            raise ValueError(f"Conv {self.name}: expected a 4-D float32 input, got {x.dtype} of shape {x.shape}")
         n, h, wd = (x.shape[0], x.shape[1], x.shape[2]) if self.nhwc else (x.shape[0], x.shape[2], x.shape[3])
         x = np.ascontiguousarray(x)
         o = self.w.shape[0]
