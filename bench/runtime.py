@@ -163,7 +163,10 @@ def main() -> int:
             for e, cells in rounds.items():
                 results[(e, m, batch)] = sorted(cells, key=lambda c: c["median_s"])[len(cells) // 2]
 
-    print(f"\nfp32 matmul peak (NumPy sgemm 4096^3, {os.cpu_count()} cores): {peak:.1f} GFLOP/s\n")
+    from kubetrt.runtime.kernels import blas, onednn
+
+    print(f"\nfp32 matmul peak (NumPy sgemm 4096^3, {os.cpu_count()} cores): {peak:.1f} GFLOP/s")
+    print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}\n")
     head = f"{'model':<14}{'batch':>6}" + "".join(f"{e:>14}" for e in a.engines)
     if "kubetrt" in a.engines:
         head += "".join(f"{'vs ' + e:>16}" for e in a.engines if e != "kubetrt")

@@ -129,6 +129,8 @@ _state_lock = threading.Lock()
 
 def _library() -> _Library:
     global _state
+    if _state is not None:
+        return _state
     with _state_lock:
         if _state is None:
             _state = _Library()
@@ -163,6 +165,7 @@ class _Memories:
             slots = slots + [(_ARG_SCRATCHPAD, scratch_md)]
         self.mems = [_memory(md, ptr) for (_, md), ptr in zip(slots, ptrs + ([self.scratch.ctypes.data] if self.scratch is not None else []))]
         self.ptrs = list(ptrs)
+        self.stream = _library().stream()
         self.packed = (_ExecArg * len(slots))(*[_ExecArg(a, m.value) for (a, _), m in zip(slots, self.mems)])
 
     def __del__(self) -> None:
@@ -204,9 +207,8 @@ class _Primitive:
                 if bound.ptrs[i] != ptr:
                     _check(lib.dnnl_memory_set_data_handle(bound.mems[i], ptr), "memory_set_data_handle")  # type: ignore[union-attr]
                     bound.ptrs[i] = ptr
-        stream = _library().stream()
-        _check(lib.dnnl_primitive_execute(self.handle, stream, len(bound.packed), bound.packed), "primitive_execute")  # type: ignore[union-attr]
-        _check(lib.dnnl_stream_wait(stream), "stream_wait")  # type: ignore[union-attr]
+        _check(lib.dnnl_primitive_execute(self.handle, bound.stream, len(bound.packed), bound.packed), "primitive_execute")  # type: ignore[union-attr]
+        _check(lib.dnnl_stream_wait(bound.stream), "stream_wait")  # type: ignore[union-attr]
 
     def __del__(self) -> None:
         if _lib is not None:
@@ -245,7 +247,7 @@ class Conv2D:
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.group, self.strides, self.dil = group, list(strides), list(dil)
         self.activation, self.residual = activation, residual
-        self._shapes: dict[tuple[int, ...], tuple[_Primitive, np.ndarray]] = {}
+        self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], np.ndarray]] = {}  # primitive, constant pointers, weights
         self._weights: list[tuple[Any, np.ndarray]] = []  # (memory desc clone, reordered weights)
         self._lock = threading.Lock()
 
@@ -275,7 +277,7 @@ class Conv2D:
         self._weights.append((kept, buf))
         return buf
 
-    def _primitive(self, n: int, h: int, wd: int, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> tuple[_Primitive, np.ndarray]:
+    def _primitive(self, n: int, h: int, wd: int, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> tuple[_Primitive, list[int], np.ndarray]:
         key = (n, h, wd, *pads_begin, *pads_end)
         found = self._shapes.get(key)
         if found is not None:
@@ -312,8 +314,9 @@ class Conv2D:
                         lib.dnnl_memory_desc_destroy(md)  # type: ignore[union-attr]
             prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []))
             weights = self._reordered(prim.md(_ARG_WEIGHTS))
-            self._shapes[key] = (prim, weights)
-            return prim, weights
+            consts = [weights.ctypes.data] + ([self.bias.ctypes.data] if self.bias is not None else [])
+            self._shapes[key] = (prim, consts, weights)
+            return self._shapes[key]
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
                  residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
@@ -325,7 +328,7 @@ class Conv2D:
         x = np.ascontiguousarray(x)
         o = self.w.shape[0]
         shape = (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
-        prim, weights = self._primitive(n, h, wd, oh, ow, pads_begin, pads_end)
+        prim, const_ptrs, _ = self._primitive(n, h, wd, oh, ow, pads_begin, pads_end)
         if self.residual:
             if residual is None:
                 raise ValueError(f"Conv {self.name}: built with a residual sum, but no residual was passed")
@@ -338,10 +341,7 @@ class Conv2D:
                 np.copyto(out, residual)
         else:
             out = np.empty(shape, dtype=_F32)
-        ptrs = [x.ctypes.data, out.ctypes.data, weights.ctypes.data]
-        if self.bias is not None:
-            ptrs.append(self.bias.ctypes.data)
-        prim.execute(ptrs)
+        prim.execute([x.ctypes.data, out.ctypes.data, *const_ptrs])
         return out
 
 
