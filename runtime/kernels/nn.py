@@ -325,6 +325,12 @@ def matmul(spec: KernelSpec) -> Run:
     """FusedMatMul(a, b, bias, [residual]) = act(a @ b + bias + residual)."""
     epilogue = make_epilogue(spec.attrs)
     b_const = spec.const(1)
+    dense = onednn.dense_for_node(spec, b_const)
+    residual_inplace = 3 in spec.inplace
+    if dense is not None:
+        def run_onednn(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+            return (dense(a, residual, overwrite_residual=residual_inplace),)
+        return run_onednn
     b_fast = None if b_const is None else np.ascontiguousarray(b_const)
 
     def run(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:

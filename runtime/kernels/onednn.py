@@ -63,6 +63,7 @@ def _load() -> ctypes.CDLL | None:
         "dnnl_post_ops_append_sum": ([p, f, ctypes.c_int32, i], i),
         "dnnl_post_ops_append_eltwise": ([p, i, f, f], i),
         "dnnl_convolution_forward_primitive_desc_create": ([pp, p, i, i, p, p, p, p, _Dims, _Dims, _Dims, _Dims, p], i),
+        "dnnl_matmul_primitive_desc_create": ([pp, p, p, p, p, p, p], i),
         "dnnl_reorder_primitive_desc_create": ([pp, p, p, p, p, p], i),
         "dnnl_primitive_desc_query_md": ([p, i, i], p),
         "dnnl_primitive_desc_query": ([p, i, i, p], i),
@@ -104,7 +105,7 @@ class _Library:
 
     def __init__(self) -> None:
         self.f32 = _enum("dt", "f32")
-        self.tag_any, self.tag_a = _enum("fmt_tag", "any"), _enum("fmt_tag", "a")
+        self.tag_any, self.tag_a, self.tag_ab = _enum("fmt_tag", "any"), _enum("fmt_tag", "a"), _enum("fmt_tag", "ab")
         self.tag_abcd, self.tag_acdb, self.tag_abcde = _enum("fmt_tag", "abcd"), _enum("fmt_tag", "acdb"), _enum("fmt_tag", "abcde")
         self.inference = _enum("prop_kind", "forward_inference")
         self.conv_direct = _enum("alg_kind", "convolution_direct")
@@ -232,39 +233,33 @@ def activation_post_op(act: tuple[str, dict[str, Any]] | None) -> tuple[str, flo
     return False
 
 
-class Conv2D:
-    """A float32 NHWC convolution with bias, optional residual sum and ReLU/Clip, fused.
+class _FusedOp:
+    """What Conv2D and Dense share: a primitive per input shape (created on first use), weights
+    reordered once into each layout a primitive prefers, bias/residual-sum/activation post-ops,
+    and the call that writes the result into a fresh buffer or the dying residual's."""
 
-    One primitive per input shape, created on first use; weights are reordered to the primitive's
-    preferred layout once and shared by every shape that prefers the same one.
-    """
+    kind = "op"
 
-    def __init__(self, w: np.ndarray, bias: np.ndarray | None, group: int, strides: list[int], dil: list[int],
-                 activation: tuple[str, float, float] | None, residual: bool, layout: str = "nhwc", name: str = "conv") -> None:
+    def __init__(self, w: np.ndarray, w_dims: tuple[int, ...], w_tag: int, bias: np.ndarray | None,
+                 activation: tuple[str, float, float] | None, residual: bool, name: str) -> None:
         self.name = name
-        self.w = np.ascontiguousarray(w, dtype=np.float32)  # (O, I/group, kh, kw): ONNX layout
-        self.nhwc = layout == "nhwc"
+        self.w = np.ascontiguousarray(w, dtype=np.float32)
+        self.w_dims, self.w_tag = w_dims, w_tag
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
-        self.group, self.strides, self.dil = group, list(strides), list(dil)
         self.activation, self.residual = activation, residual
         self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], np.ndarray]] = {}  # primitive, constant pointers, weights
         self._weights: list[tuple[Any, np.ndarray]] = []  # (memory desc clone, reordered weights)
         self._lock = threading.Lock()
 
-    def _weights_dims(self) -> tuple[tuple[int, ...], int]:
-        o, cg, kh, kw = self.w.shape
-        lib = _library()
-        if self.group == 1:
-            return (o, cg, kh, kw), lib.tag_abcd
-        return (self.group, o // self.group, cg, kh, kw), lib.tag_abcde
+    def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
+        raise NotImplementedError
 
     def _reordered(self, want_md: Any) -> np.ndarray:
         for md, buf in self._weights:
             if _lib.dnnl_memory_desc_equal(md, want_md):  # type: ignore[union-attr]
                 return buf
         lib, st = _lib, _library()
-        dims, tag = self._weights_dims()
-        user_md = _md(dims, st.f32, tag)
+        user_md = _md(self.w_dims, st.f32, self.w_tag)
         buf = _aligned(int(lib.dnnl_memory_desc_get_size(want_md)))  # type: ignore[union-attr]
         pd = ctypes.c_void_p()
         try:
@@ -277,8 +272,7 @@ class Conv2D:
         self._weights.append((kept, buf))
         return buf
 
-    def _primitive(self, n: int, h: int, wd: int, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> tuple[_Primitive, list[int], np.ndarray]:
-        key = (n, h, wd, *pads_begin, *pads_end)
+    def _primitive(self, key: tuple[int, ...]) -> tuple[_Primitive, list[int], np.ndarray]:
         found = self._shapes.get(key)
         if found is not None:
             return found
@@ -286,11 +280,6 @@ class Conv2D:
             if key in self._shapes:
                 return self._shapes[key]
             lib, st = _lib, _library()
-            o, cg = self.w.shape[:2]
-            dims, _ = self._weights_dims()
-            tag = st.tag_acdb if self.nhwc else st.tag_abcd
-            mds = [_md((n, cg * self.group, h, wd), st.f32, tag), _md(dims, st.f32, st.tag_any),
-                   _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), st.f32, tag)]
             attr, post = ctypes.c_void_p(), ctypes.c_void_p()
             _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
             _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
@@ -302,38 +291,23 @@ class Conv2D:
                     kind, alpha, beta = self.activation
                     _check(lib.dnnl_post_ops_append_eltwise(post, st.relu if kind == "relu" else st.clip, alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
                 _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
-                pd = ctypes.c_void_p()
-                _check(lib.dnnl_convolution_forward_primitive_desc_create(  # type: ignore[union-attr]
-                    ctypes.byref(pd), st.engine, st.inference, st.conv_direct, mds[0], mds[1], mds[2], mds[3],
-                    _Dims(*self.strides), _Dims(*[d - 1 for d in self.dil]), _Dims(*pads_begin), _Dims(*pads_end), attr), "convolution")
+                pd = self._descriptor(key, attr)
             finally:
                 lib.dnnl_post_ops_destroy(post)  # type: ignore[union-attr]
                 lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
-                for md in mds:
-                    if md is not None:
-                        lib.dnnl_memory_desc_destroy(md)  # type: ignore[union-attr]
             prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []))
             weights = self._reordered(prim.md(_ARG_WEIGHTS))
             consts = [weights.ctypes.data] + ([self.bias.ctypes.data] if self.bias is not None else [])
             self._shapes[key] = (prim, consts, weights)
             return self._shapes[key]
 
-    def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
-                 residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
-        """y = act(conv(x) + bias [+ residual]) in this convolution's layout. With overwrite_residual
-        the sum lands in the residual's own buffer (the executor says when it is dying)."""
-        if x.dtype != _F32 or x.ndim != 4:
-            raise ValueError(f"Conv {self.name}: expected a 4-D float32 input, got {x.dtype} of shape {x.shape}")
-        n, h, wd = (x.shape[0], x.shape[1], x.shape[2]) if self.nhwc else (x.shape[0], x.shape[2], x.shape[3])
-        x = np.ascontiguousarray(x)
-        o = self.w.shape[0]
-        shape = (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
-        prim, const_ptrs, _ = self._primitive(n, h, wd, oh, ow, pads_begin, pads_end)
+    def _run(self, key: tuple[int, ...], x: np.ndarray, shape: tuple[int, ...], residual: np.ndarray | None, overwrite_residual: bool) -> np.ndarray:
+        prim, const_ptrs, _ = self._primitive(key)
         if self.residual:
             if residual is None:
-                raise ValueError(f"Conv {self.name}: built with a residual sum, but no residual was passed")
+                raise ValueError(f"{self.kind} {self.name}: built with a residual sum, but no residual was passed")
             if residual.shape != shape:
-                raise ValueError(f"Conv {self.name}: residual shape {residual.shape} differs from output {shape}")
+                raise ValueError(f"{self.kind} {self.name}: residual shape {residual.shape} differs from output {shape}")
             if overwrite_residual and residual.flags.writeable and residual.flags.c_contiguous and residual.dtype == _F32:
                 out = residual
             else:
@@ -343,6 +317,92 @@ class Conv2D:
             out = np.empty(shape, dtype=_F32)
         prim.execute([x.ctypes.data, out.ctypes.data, *const_ptrs])
         return out
+
+    def __del__(self) -> None:
+        if _lib is not None:
+            for md, _ in self._weights:
+                _lib.dnnl_memory_desc_destroy(md)
+
+
+def _descriptor_with(mds: list[ctypes.c_void_p | None], create: Any) -> ctypes.c_void_p:
+    """create(pd_out, *mds) with the memory descriptors destroyed afterwards, success or not."""
+    try:
+        pd = ctypes.c_void_p()
+        create(ctypes.byref(pd), *mds)
+        return pd
+    finally:
+        for md in mds:
+            if md is not None:
+                _lib.dnnl_memory_desc_destroy(md)  # type: ignore[union-attr]
+
+
+class Conv2D(_FusedOp):
+    """A float32 2-D convolution (NHWC or NCHW activations, ONNX OIHW weights), grouped or not."""
+
+    kind = "Conv"
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, group: int, strides: list[int], dil: list[int],
+                 activation: tuple[str, float, float] | None, residual: bool, layout: str = "nhwc", name: str = "conv") -> None:
+        st = _library()
+        o, cg, kh, kw = w.shape
+        dims, tag = ((o, cg, kh, kw), st.tag_abcd) if group == 1 else ((group, o // group, cg, kh, kw), st.tag_abcde)
+        super().__init__(w, dims, tag, bias, activation, residual, name)
+        self.nhwc = layout == "nhwc"
+        self.group, self.strides, self.dil = group, list(strides), list(dil)
+
+    def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
+        lib, st = _lib, _library()
+        n, h, wd, oh, ow, pt, pl, pb, pr = key
+        o, cg = self.w.shape[:2]
+        tag = st.tag_acdb if self.nhwc else st.tag_abcd
+        mds = [_md((n, cg * self.group, h, wd), st.f32, tag), _md(self.w_dims, st.f32, st.tag_any),
+               _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), st.f32, tag)]
+
+        def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
+            _check(lib.dnnl_convolution_forward_primitive_desc_create(  # type: ignore[union-attr]
+                pd, st.engine, st.inference, st.conv_direct, src, w, b, dst, _Dims(*self.strides),
+                _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "convolution")
+        return _descriptor_with(mds, create)
+
+    def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
+                 residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
+        """y = act(conv(x) + bias [+ residual]) in this convolution's layout. With overwrite_residual
+        the sum lands in the residual's own buffer (the executor says when it is dying)."""
+        if x.dtype != _F32 or x.ndim != 4:
+            raise ValueError(f"Conv {self.name}: expected a 4-D float32 input, got {x.dtype} of shape {x.shape}")
+        n, h, wd = (x.shape[0], x.shape[1], x.shape[2]) if self.nhwc else (x.shape[0], x.shape[2], x.shape[3])
+        o = self.w.shape[0]
+        shape = (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
+        key = (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1])
+        return self._run(key, np.ascontiguousarray(x), shape, residual, overwrite_residual)
+
+
+class Dense(_FusedOp):
+    """y = act(a @ w + bias [+ residual]) for float32 a (..., K) and constant w (K, N)."""
+
+    kind = "MatMul"
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, activation: tuple[str, float, float] | None,
+                 residual: bool, name: str = "matmul") -> None:
+        super().__init__(w, tuple(w.shape), _library().tag_ab, bias, activation, residual, name)
+
+    def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
+        lib, st = _lib, _library()
+        (m,) = key
+        k, n = self.w_dims
+        mds = [_md((m, k), st.f32, st.tag_ab), _md((k, n), st.f32, st.tag_any),
+               _md((1, n), st.f32, st.tag_ab) if self.bias is not None else None, _md((m, n), st.f32, st.tag_ab)]
+
+        def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
+            _check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
+        return _descriptor_with(mds, create)
+
+    def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
+        k, n = self.w_dims
+        if a.dtype != _F32 or a.ndim < 1 or a.shape[-1] != k:
+            raise ValueError(f"MatMul {self.name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
+        rows = np.ascontiguousarray(a).reshape(-1, k)
+        return self._run((rows.shape[0],), rows, a.shape[:-1] + (n,), residual, overwrite_residual)
 
 
 def conv_for_node(spec: Any, w: np.ndarray | None, layout: str) -> Conv2D | None:
@@ -355,3 +415,12 @@ def conv_for_node(spec: Any, w: np.ndarray | None, layout: str) -> Conv2D | None
     strides = list(spec.attr("strides") or [1, 1])
     dil = list(spec.attr("dilations") or [1, 1])
     return Conv2D(w, bias, spec.attr("group", 1), strides, dil, act, residual=spec.has(3), layout=layout, name=spec.name)  # type: ignore[arg-type]
+
+
+def dense_for_node(spec: Any, w: np.ndarray | None) -> Dense | None:
+    """The oneDNN matmul for a FusedMatMul node with constant 2-D float32 weights and bias, or None."""
+    act = activation_post_op(spec.attrs.get("activation"))
+    bias = spec.const(2) if spec.has(2) else None
+    if not AVAILABLE or w is None or w.ndim != 2 or w.dtype != _F32 or act is False or (spec.has(2) and (bias is None or bias.ndim != 1)):
+        return None
+    return Dense(w, bias, act, residual=spec.has(3), name=spec.name)  # type: ignore[arg-type]

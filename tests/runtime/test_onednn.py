@@ -1,6 +1,6 @@
-"""The oneDNN convolution path against onnxruntime: padding, strides, dilation, groups, depthwise,
-fused bias/residual/activation, batch changes on one compiled model, and threads sharing a primitive.
-fp32 tolerance rtol/atol 1e-4, as for the other kernels."""
+"""The oneDNN convolution and matmul paths against onnxruntime: padding, strides, dilation, groups,
+depthwise, fused bias/residual/activation, batch changes on one compiled model, and threads sharing
+a primitive. fp32 tolerance rtol/atol 1e-4, as for the other kernels."""
 from __future__ import annotations
 
 import os
@@ -24,15 +24,15 @@ def f32(*shape: int) -> np.ndarray:
 
 
 @pytest.fixture
-def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
-    """Records the input shape of every convolution oneDNN ran."""
-    calls: list[tuple[int, ...]] = []
-    real = onednn.Conv2D.__call__
+def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
+    """Records (op kind, input shape) of every convolution and matmul oneDNN ran."""
+    calls: list[tuple[str, tuple[int, ...]]] = []
+    real = onednn._FusedOp._run
 
-    def spy(self: onednn.Conv2D, x: np.ndarray, *a, **k):  # type: ignore[no-untyped-def]
-        calls.append(x.shape)
-        return real(self, x, *a, **k)
-    monkeypatch.setattr(onednn.Conv2D, "__call__", spy)
+    def spy(self: onednn._FusedOp, key, x, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append((self.kind, x.shape))
+        return real(self, key, x, *a, **k)
+    monkeypatch.setattr(onednn._FusedOp, "_run", spy)
     return calls
 
 
@@ -82,7 +82,43 @@ def test_convolution_matches_ort(onednn_calls: list, case: str, batch: int) -> N
     nodes, consts, chw = CASES[case]
     feeds = {"x": f32(batch, *chw)}
     assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
-    assert onednn_calls, "no convolution ran through oneDNN"
+    assert any(kind == "Conv" for kind, _ in onednn_calls), "no convolution ran through oneDNN"
+
+
+MATMUL_CASES = {
+    "bias + relu": ([node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["a"]), node("Relu", ["a"], ["y"])],
+                    {"w": f32(24, 16), "b": f32(16)}, (24,)),
+    "rank 3, bias + residual": ([node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["a"]), node("Add", ["a", "x"], ["y"])],
+                                {"w": f32(12, 12), "b": f32(12)}, (5, 12)),
+    "clip, no bias": ([node("MatMul", ["x", "w"], ["m"]), node("Clip", ["m", "lo", "hi"], ["y"])],
+                      {"w": f32(9, 7), "lo": np.array(-1, np.float32), "hi": np.array(1, np.float32)}, (9,)),
+}
+
+
+@needs_onednn
+@pytest.mark.parametrize("case", list(MATMUL_CASES))
+@pytest.mark.parametrize("batch", [1, 4])
+def test_matmul_matches_ort(onednn_calls: list, case: str, batch: int) -> None:
+    nodes, consts, tail = MATMUL_CASES[case]
+    feeds = {"x": f32(batch, *tail)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
+    assert any(kind == "MatMul" for kind, _ in onednn_calls), "no matmul ran through oneDNN"
+
+
+@needs_onednn
+def test_matmul_of_two_activations_keeps_numpy(onednn_calls: list) -> None:
+    # attention-style a @ b with no constant operand: nothing to pre-pack, so NumPy runs it
+    nodes = [node("MatMul", ["x", "z"], ["m"]), node("Relu", ["m"], ["y"])]
+    feeds = {"x": f32(2, 3, 8), "z": f32(2, 8, 5)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y"]), feeds)
+    assert onednn_calls == []
+
+
+@needs_onednn
+def test_matmul_with_the_wrong_inner_size_is_a_clear_error() -> None:
+    dense = onednn.Dense(f32(6, 4), None, None, residual=False, name="fc")
+    with pytest.raises(ValueError, match=r"MatMul fc: expected a float32 input of shape \[\.\.\., 6\]"):
+        dense(f32(3, 5))
 
 
 @needs_onednn
