@@ -327,10 +327,6 @@ def matmul(spec: KernelSpec) -> Run:
     b_const = spec.const(1)
     dense = onednn.dense_for_node(spec, b_const)
     residual_inplace = 3 in spec.inplace
-    if dense is not None:
-        def run_onednn(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-            return (dense(a, residual, overwrite_residual=residual_inplace),)
-        return run_onednn
     b_fast = None if b_const is None else np.ascontiguousarray(b_const)
 
     def run(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
@@ -347,6 +343,14 @@ def matmul(spec: KernelSpec) -> Run:
             epilogue(y)
         return (y,)
 
+    if dense is not None:
+        n_out = b_const.shape[1]  # type: ignore[union-attr]
+
+        def run_onednn(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+            if a.size * n_out < onednn.MIN_DENSE_MACS:  # e.g. a 64x10 classifier head: NumPy's call is cheaper
+                return run(a, b, bias, residual)
+            return (dense(a, residual, overwrite_residual=residual_inplace),)
+        return run_onednn
     return run
 
 

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from kubetrt.runtime import ops
+from kubetrt.runtime.kernels import onednn
 from onnx_cases import make_model, node, run_kubetrt, run_ort
 
 rng = np.random.default_rng(0)
@@ -98,8 +99,17 @@ OUTPUTS = {"split": ["y0", "y1"], "topk": ["v", "i"]}
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
+@pytest.mark.parametrize("backend", ["onednn", "numpy"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
-def test_kernel_matches_onnxruntime(case) -> None:  # type: ignore[no-untyped-def]
+def test_kernel_matches_onnxruntime(case, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    """Both kernel families: oneDNN where it takes the op (convolutions, matmuls with constant
+    weights), and the im2col/GEMM/NumPy kernels a node without the onednn extra runs."""
+    if backend == "numpy":
+        monkeypatch.setattr(onednn, "AVAILABLE", False)
+    elif not onednn.AVAILABLE:
+        pytest.skip("the onednn extra is not installed")
+    else:
+        monkeypatch.setattr(onednn, "MIN_DENSE_MACS", 0)  # test-sized matmuls would take the NumPy path
     cid, n, feeds, consts = case
     model = make_model([n], feeds, OUTPUTS.get(cid, ["y"]), consts)
     ref = run_ort(model, feeds)

@@ -75,16 +75,6 @@ CASES = {
 }
 
 
-@needs_onednn
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("batch", [1, 3])
-def test_convolution_matches_ort(onednn_calls: list, case: str, batch: int) -> None:
-    nodes, consts, chw = CASES[case]
-    feeds = {"x": f32(batch, *chw)}
-    assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
-    assert any(kind == "Conv" for kind, _ in onednn_calls), "no convolution ran through oneDNN"
-
-
 MATMUL_CASES = {
     "bias + relu": ([node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["a"]), node("Relu", ["a"], ["y"])],
                     {"w": f32(24, 16), "b": f32(16)}, (24,)),
@@ -96,13 +86,25 @@ MATMUL_CASES = {
 
 
 @needs_onednn
-@pytest.mark.parametrize("case", list(MATMUL_CASES))
-@pytest.mark.parametrize("batch", [1, 4])
-def test_matmul_matches_ort(onednn_calls: list, case: str, batch: int) -> None:
-    nodes, consts, tail = MATMUL_CASES[case]
-    feeds = {"x": f32(batch, *tail)}
+@pytest.mark.parametrize("kind,case", [("Conv", c) for c in CASES] + [("MatMul", c) for c in MATMUL_CASES])
+@pytest.mark.parametrize("batch", [1, 3])
+def test_matches_ort(onednn_calls: list, kind: str, case: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onednn, "MIN_DENSE_MACS", 0)  # test-sized matmuls would take the NumPy path
+    nodes, consts, per_item_shape = (CASES if kind == "Conv" else MATMUL_CASES)[case]
+    feeds = {"x": f32(batch, *per_item_shape)}
     assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
-    assert any(kind == "MatMul" for kind, _ in onednn_calls), "no matmul ran through oneDNN"
+    assert any(k == kind for k, _ in onednn_calls), f"no {kind} ran through oneDNN"
+
+
+@needs_onednn
+def test_only_matmuls_worth_a_onednn_call_take_it(onednn_calls: list) -> None:
+    # a 64 -> 10 classifier head stays in NumPy; a 256 -> 512 layer goes to oneDNN
+    for k, n, expect in ((64, 10, False), (256, 512, True)):
+        onednn_calls.clear()
+        nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["y"])]
+        feeds = {"x": f32(1, k)}
+        assert_same_as_ort(make_model(nodes, feeds, ["y"], {"w": f32(k, n), "b": f32(n)}), feeds)
+        assert bool(onednn_calls) == expect, (k, n, onednn_calls)
 
 
 @needs_onednn
