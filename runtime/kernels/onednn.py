@@ -1,10 +1,12 @@
-"""Convolutions through oneDNN when the `onednn` extra is installed; the GEMM kernels otherwise.
+"""Convolutions and constant-weight matmuls through oneDNN when the `onednn` extra is installed;
+the im2col/GEMM kernels otherwise.
 
 Why: im2col + GEMM + a NumPy/numba epilogue writes every convolution's input several times over
-and cannot fuse below a Python call per tile. oneDNN's convolutions read NHWC directly, keep the
-weights in the blocked layout its kernels want (reordered once here, per shape), and apply bias,
-the residual sum and the activation in registers. It is the library TensorFlow's own CPU
-convolutions use. The binding is plain ctypes over the stable C API (v3), enum values are looked
+and cannot fuse below a Python call per tile. oneDNN's kernels read NHWC directly, keep the
+weights in the blocked layout they want (reordered once here, per shape), and apply bias, the
+residual sum and the activation in registers. It is the library TensorFlow's own CPU kernels
+use. Same-process A/B against im2col + GEMM: batch 1 ResNet50 1.6x, MobileNetV2 2.5x, the small
+CNN 2x; batch 32 the MLP 2.2x, ResNet50 1.03x (MKL's GEMM is already near peak there). The binding is plain ctypes over the stable C API (v3), enum values are looked
 up by name through the library's own *2str functions, so no header is needed at run time.
 KUBETRT_CONV=gemm turns it off.
 
@@ -28,7 +30,7 @@ _Dims = ctypes.c_int64 * _MAX_DIMS
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
 MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call (~15 us) loses to NumPy's (64x10: 17 vs 7 us)
-_QUERY_WEIGHTS_MD, _QUERY_SCRATCHPAD_MD, _QUERY_IMPL_INFO, _QUERY_EXEC_ARG_MD = 131, 136, 8, 255
+_QUERY_SCRATCHPAD_MD, _QUERY_IMPL_INFO, _QUERY_EXEC_ARG_MD = 136, 8, 255
 
 
 class _ExecArg(ctypes.Structure):
