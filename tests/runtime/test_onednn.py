@@ -188,3 +188,14 @@ def test_kubetrt_conv_gemm_turns_onednn_off() -> None:
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "KUBETRT_CONV": "gemm"},
                          capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
+
+
+@needs_onednn
+@pytest.mark.parametrize("given,expected", [(None, "10000"), ("500", "500")])
+def test_openmp_spin_is_shortened_unless_the_operator_set_it(given: str | None, expected: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "GOMP_SPINCOUNT"}
+    if given is not None:
+        env["GOMP_SPINCOUNT"] = given
+    code = "import os; from kubetrt.runtime.kernels import onednn; print(onednn.AVAILABLE, os.environ['GOMP_SPINCOUNT'])"
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["True", expected]
