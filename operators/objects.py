@@ -291,6 +291,15 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
 
 
 # ----------------------------------------------------------------------------- serving objects
+def _thread_env(container: str, resources: Mapping[str, Any]) -> list[Obj]:
+    """Thread counts from the container's own CPU allowance (limit if set, else request; the
+    Downward API rounds up): in a pod, os.cpu_count() is the node's core count, and OpenMP or the
+    runtime's pools sized to it would oversubscribe the CFS quota the pod really gets."""
+    source = "limits.cpu" if "cpu" in (resources.get("limits") or {}) else "requests.cpu"
+    ref = {"resourceFieldRef": {"containerName": container, "resource": source, "divisor": "1"}}
+    return [{"name": name, "valueFrom": copy.deepcopy(ref)} for name in ("OMP_NUM_THREADS", "KUBETRT_THREADS", "KUBETRT_JIT_THREADS")]
+
+
 def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any],
                        engine: Mapping[str, Any], config: OperatorConfig) -> Obj:
     """Serving Deployment for one target; engine-bound settings come from the verified ``engine``."""
@@ -320,6 +329,7 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
         {"name": "KUBETRT_PREFERRED_BATCH_SIZES",
          "value": ",".join(str(b) for b in batching.get("preferredBatchSizes", []))},
         {"name": "HOME", "value": "/tmp"},
+        *_thread_env("serving", resources),
     ]
     pod_labels = labels(md_name, "serving", target["name"])
     probe = {"port": "http", "scheme": "HTTP"}

@@ -1,6 +1,8 @@
 """Reconcile functions (pure): desired objects, engine gating, status, idempotency."""
 from __future__ import annotations
 
+import pytest
+
 import copy
 import json
 from typing import Any
@@ -112,6 +114,20 @@ def test_pvc_uris_are_mounted_and_passed_as_paths() -> None:
     assert claims == {"models": True, "engines": False}
 
 
+@pytest.mark.parametrize("resources,source", [(None, "requests.cpu"), ({"limits": {"cpu": "3"}}, "limits.cpu")])
+def test_serving_threads_follow_the_pods_cpu_not_the_nodes(resources: dict | None, source: str) -> None:
+    targets = [{"name": "cpu", "cpu": True, **({"resources": resources} if resources else {})}]
+    md = md_body(targets=targets)
+    plan, obs = converge(md, Observed())
+    verify(obs, "cpu", "host-x86_64-fp32-b1.8.32")
+    plan, obs = converge(md, obs)
+    (dep,) = [o for o in plan.apply if o["kind"] == "Deployment"]
+    (c,) = dep["spec"]["template"]["spec"]["containers"]
+    refs = {e["name"]: e["valueFrom"]["resourceFieldRef"] for e in c["env"] if "valueFrom" in e}
+    for name in ("OMP_NUM_THREADS", "KUBETRT_THREADS", "KUBETRT_JIT_THREADS"):
+        assert refs[name] == {"containerName": c["name"], "resource": source, "divisor": "1"}
+
+
 def test_verified_engine_yields_a_pinned_hardened_deployment() -> None:
     md = md_body()
     plan, obs = converge(md, Observed())
@@ -191,7 +207,7 @@ def test_new_engine_reaches_pods_only_after_it_verified() -> None:
     (new_eb,) = [o for o in plan.create if o["spec"]["target"]["name"] == "h100"]
     assert new_eb["metadata"]["name"] != old_build
     assert not [o for o in plan.apply if o["kind"] == "Deployment"], "pods must keep the verified engine"
-    dep_env = {e["name"]: e["value"] for e in obs.deployments["resnet-h100"]["spec"]["template"]["spec"]
+    dep_env = {e["name"]: e.get("value") for e in obs.deployments["resnet-h100"]["spec"]["template"]["spec"]
                ["containers"][0]["env"]}
     assert dep_env["KUBETRT_ENGINE_KEY"] == "old-key" and dep_env["KUBETRT_PRECISION"] == "fp16"
     assert old_build in obs.engine_builds, "the serving build must be kept"
@@ -203,7 +219,7 @@ def test_new_engine_reaches_pods_only_after_it_verified() -> None:
     verify(obs, "h100", "new-key")
     plan, obs = converge(md, obs)
     (dep,) = [o for o in plan.apply if o["kind"] == "Deployment"]
-    env = {e["name"]: e["value"] for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert env["KUBETRT_ENGINE_KEY"] == "new-key" and env["KUBETRT_PRECISION"] == "int8"
     assert ("kubetrt.io/v1alpha1", "EngineBuild", old_build) in plan.delete
 
