@@ -21,6 +21,19 @@ except ImportError:  # pragma: no cover
     AVAILABLE = False
 
 ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
+
+
+def fused_activation(act: tuple[str, dict[str, Any]] | None) -> tuple[int, float, float] | None:
+    """(ACT_*, lo, hi) for the activations fused kernels apply in place (none/Relu/Clip), from a
+    fused node's `activation` attr; None for the rest, which keep the NumPy epilogue."""
+    if not act:
+        return (ACT_NONE, 0.0, 0.0)
+    if act[0] == "Relu":
+        return (ACT_RELU, 0.0, 0.0)
+    if act[0] == "Clip":
+        return (ACT_CLIP, float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf)))
+    return None
+
 THREADS = int(os.environ.get("KUBETRT_JIT_THREADS", os.cpu_count() or 1))
 MIN_WORK_PER_THREAD = 32 * 1024  # output elements; below this a thread hop costs more than it saves
 

@@ -11,7 +11,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import conv_gemm, jit, onednn, parallel
-from .nn import _jit_activation, conv_geometry, make_epilogue, out_size
+from .nn import conv_geometry, make_epilogue, out_size
 from .registry import KernelSpec, Run, register
 
 
@@ -58,7 +58,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     epilogue = make_epilogue(spec.attrs)
     residual_inplace = 3 in spec.inplace
     depthwise = group > 1 and group == o and cg == 1
-    jit_act = _jit_activation(spec.attrs.get("activation"))
+    jit_act = jit.fused_activation(spec.attrs.get("activation"))
     jit_epilogue = jit.AVAILABLE and jit_act is not None
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
     dnnl = onednn.conv_for_node(spec, w, "nhwc")
@@ -70,10 +70,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
 
     if dnnl is not None:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
         def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-            n, h, wd, c = x.shape
-            if c != cg * group:
-                raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
-            _, _, b, e, oh, ow = geometry(h, wd)
+            _, _, b, e, oh, ow = geometry(*x.shape[1:3])
             return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
         return run_onednn
 

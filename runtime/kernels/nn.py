@@ -98,7 +98,7 @@ def conv(spec: KernelSpec) -> Run:
     has_bias = spec.has(2)
     has_residual = spec.has(3)
     residual_inplace = 3 in spec.inplace
-    jit_act = _jit_activation(spec.attrs.get("activation"))
+    jit_act = jit.fused_activation(spec.attrs.get("activation"))
     # Depthwise float32 convolutions without a residual run as one fused JIT pass.
     jit_depthwise = (
         jit.AVAILABLE and w_const is not None and group > 1 and w_const.shape[0] == group and w_const.shape[1] == 1
@@ -167,27 +167,12 @@ def conv(spec: KernelSpec) -> Run:
     def run_onednn(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         if x.ndim != 4 or x.dtype != np.float32:
             return run(x, w, bias, residual)
-        n, c, h, wd = x.shape
-        o, cg, kh, kw = w.shape
-        if c != cg * group:
-            raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
-        _, _, b, e, oh, ow = geometry(h, wd, kh, kw)
+        _, _, b, e, oh, ow = geometry(x.shape[2], x.shape[3], w.shape[2], w.shape[3])
         return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)  # type: ignore[misc]
 
     if dnnl is not None:
         return run_onednn
     return run_jit_depthwise if jit_depthwise else run
-
-
-def _jit_activation(act: tuple[str, dict[str, Any]] | None) -> tuple[int, float, float] | None:
-    """The JIT kernels fuse none/Relu/Clip; other activations keep the NumPy path."""
-    if not act:
-        return (jit.ACT_NONE, 0.0, 0.0)
-    if act[0] == "Relu":
-        return (jit.ACT_RELU, 0.0, 0.0)
-    if act[0] == "Clip":
-        return (jit.ACT_CLIP, float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf)))
-    return None
 
 
 def depthwise(xp: np.ndarray, w: np.ndarray, strides: list[int], dil: list[int], oh: int, ow: int) -> np.ndarray:

@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from . import jit
 from .native import load_first
 
 _F32 = np.dtype(np.float32)
@@ -31,7 +32,7 @@ _Dims = ctypes.c_int64 * _MAX_DIMS
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
 MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call (~15 us) loses to NumPy's (64x10: 17 vs 7 us)
-_QUERY_SCRATCHPAD_MD, _QUERY_IMPL_INFO, _QUERY_EXEC_ARG_MD = 136, 8, 255
+_QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 136, 255
 
 
 class _ExecArg(ctypes.Structure):
@@ -75,7 +76,6 @@ def _load() -> ctypes.CDLL | None:
         "dnnl_matmul_primitive_desc_create": ([pp, p, p, p, p, p, p], i),
         "dnnl_reorder_primitive_desc_create": ([pp, p, p, p, p, p], i),
         "dnnl_primitive_desc_query_md": ([p, i, i], p),
-        "dnnl_primitive_desc_query": ([p, i, i, p], i),
         "dnnl_primitive_desc_destroy": ([p], i),
         "dnnl_primitive_create": ([pp, p], i),
         "dnnl_primitive_execute": ([p, p, i, ctypes.POINTER(_ExecArg)], i),
@@ -201,11 +201,6 @@ class _Primitive:
     def md(self, arg: int) -> Any:
         return _lib.dnnl_primitive_desc_query_md(self.pd, _QUERY_EXEC_ARG_MD, arg)  # type: ignore[union-attr]
 
-    def impl(self) -> str:
-        s = ctypes.c_char_p()
-        _check(_lib.dnnl_primitive_desc_query(self.pd, _QUERY_IMPL_INFO, 0, ctypes.byref(s)), "query impl")  # type: ignore[union-attr]
-        return (s.value or b"").decode()
-
     def execute(self, ptrs: list[int]) -> None:
         """Run on this thread's stream with `ptrs` in the order of the slots given at creation."""
         lib = _lib
@@ -228,17 +223,18 @@ class _Primitive:
 
 
 def activation_post_op(act: tuple[str, dict[str, Any]] | None) -> tuple[str, float, float] | None | bool:
-    """("relu"|"clip", alpha, beta) for what oneDNN fuses, None for no activation, False if unsupported."""
-    if not act:
+    """("relu"|"clip", alpha, beta) for what oneDNN fuses, None for no activation, False if unsupported
+    (other activations, and Clip with an open bound other than [0, inf), which is ReLU)."""
+    parsed = jit.fused_activation(act)
+    if parsed is None:
+        return False
+    kind, lo, hi = parsed
+    if kind == jit.ACT_NONE:
         return None
-    if act[0] == "Relu":
+    if kind == jit.ACT_RELU or (lo == 0.0 and hi == np.inf):
         return ("relu", 0.0, 0.0)
-    if act[0] == "Clip":
-        lo, hi = float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf))
-        if np.isfinite(lo) and np.isfinite(hi):
-            return ("clip", lo, hi)
-        if lo == 0.0 and not np.isfinite(hi):
-            return ("relu", 0.0, 0.0)
+    if np.isfinite(lo) and np.isfinite(hi):
+        return ("clip", lo, hi)
     return False
 
 
@@ -379,8 +375,10 @@ class Conv2D(_FusedOp):
         the sum lands in the residual's own buffer (the executor says when it is dying)."""
         if x.dtype != _F32 or x.ndim != 4:
             raise ValueError(f"Conv {self.name}: expected a 4-D float32 input, got {x.dtype} of shape {x.shape}")
-        n, h, wd = (x.shape[0], x.shape[1], x.shape[2]) if self.nhwc else (x.shape[0], x.shape[2], x.shape[3])
-        o = self.w.shape[0]
+        n, h, wd, c = x.shape if self.nhwc else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
+        o, cg = self.w.shape[:2]
+        if c != cg * self.group:
+            raise ValueError(f"Conv {self.name}: input has {c} channels, weights expect {cg * self.group}")
         shape = (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
         key = (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1])
         return self._run(key, np.ascontiguousarray(x), shape, residual, overwrite_residual)

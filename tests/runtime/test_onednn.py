@@ -199,3 +199,11 @@ def test_openmp_spin_is_shortened_unless_the_operator_set_it(given: str | None, 
     code = "import os; from kubetrt.runtime.kernels import onednn; print(onednn.AVAILABLE, os.environ['GOMP_SPINCOUNT'])"
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["True", expected]
+
+
+@needs_onednn
+@pytest.mark.parametrize("layout,shape", [("nhwc", (1, 5, 5, 4)), ("nchw", (1, 4, 5, 5))])
+def test_convolution_with_the_wrong_channel_count_is_a_clear_error(layout: str, shape: tuple[int, ...]) -> None:
+    conv = onednn.Conv2D(f32(6, 3, 1, 1), None, 1, [1, 1], [1, 1], None, residual=False, layout=layout, name="c1")
+    with pytest.raises(ValueError, match="Conv c1: input has 4 channels, weights expect 3"):
+        conv(f32(*shape), 5, 5, [0, 0], [0, 0])
