@@ -10,7 +10,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS = ("lower", "build", "serve", "pipeline", "demo", "devices")
+COMMANDS = ("lower", "build", "fetch", "serve", "pipeline", "demo", "devices")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -18,6 +18,8 @@ from kubetrt.operators import crds
 GPU_RESOURCE = "nvidia.com/gpu"
 GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
 SERVING_PORT = 8080
+TERMINATION_LOG = "/dev/termination-log"  # the build writes its JSON result here (--termination-log)
+CACHE_DIR = "/var/cache/kubetrt"  # emptyDir where serving pods assemble package + engine
 MANAGED_BY = "kubetrt-operator"
 
 LABEL_MD = "kubetrt.io/model-deployment"
@@ -159,14 +161,24 @@ def target_spec_arg(target: Mapping[str, Any]) -> str:
 
 
 def mount_uri(uri: str, mount_path: str, volume: str, read_only: bool) -> tuple[str, list[Obj], list[Obj]]:
-    """pvc://<claim>/<path> becomes a mounted volume and a local path; other URIs pass through."""
-    if not uri.startswith("pvc://"):
-        return uri, [], []
-    claim, _, sub = uri[len("pvc://"):].partition("/")
-    path = f"{mount_path}/{sub}".rstrip("/") if sub else mount_path
-    return (path,
-            [{"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}],
-            [{"name": volume, "mountPath": mount_path, "readOnly": read_only}])
+    """The path a container reads `uri` at, with the volume and mount that put it there.
+
+    pvc://<claim>/<path> mounts the claim at `mount_path`; file:///<path> (a node-local directory,
+    as on a single-node cluster or a shared mount every node has) mounts that directory from the
+    host at the same path; s3:// and gs:// pass through for the container to fetch.
+    """
+    if uri.startswith("pvc://"):
+        claim, _, sub = uri[len("pvc://"):].partition("/")
+        path = f"{mount_path}/{sub}".rstrip("/") if sub else mount_path
+        return (path,
+                [{"name": volume, "persistentVolumeClaim": {"claimName": claim, "readOnly": read_only}}],
+                [{"name": volume, "mountPath": mount_path, "readOnly": read_only}])
+    if uri.startswith("file://"):
+        path = "/" + uri[len("file://"):].lstrip("/")
+        return (path,
+                [{"name": volume, "hostPath": {"path": path, "type": "Directory"}}],
+                [{"name": volume, "mountPath": path, "readOnly": read_only}])
+    return uri, [], []
 
 
 def _pod_security() -> Obj:
@@ -256,13 +268,12 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
         "image": spec["image"],
         "imagePullPolicy": spec.get("pullPolicy", config.pull_policy),
         "command": ["kubetrt", "build", "--package", package, "--target", target_spec_arg(target),
-                    "--store", store],
-        "env": [{"name": "KUBETRT_ENGINE_BUILD", "value": name},
-                {"name": "HOME", "value": "/tmp"}],
+                    "--store", store, "--termination-log", TERMINATION_LOG],
+        "env": [{"name": "HOME", "value": "/tmp"}],
         "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
         "resources": {"limits": dict(pin["gpu_limit"])} if pin["gpu_limit"] else {},
         "securityContext": _container_security(),
-        "terminationMessagePath": "/dev/termination-log",
+        "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, *mounts1, *mounts2],
     }
@@ -300,6 +311,19 @@ def _thread_env(container: str, resources: Mapping[str, Any]) -> list[Obj]:
     return [{"name": name, "valueFrom": copy.deepcopy(ref)} for name in ("OMP_NUM_THREADS", "KUBETRT_THREADS", "KUBETRT_JIT_THREADS")]
 
 
+def serve_command(package: str, store: str, engine_key: str, backend: str, spec: Mapping[str, Any]) -> list[str]:
+    """`kubetrt serve` with every serving setting of the spec as a flag (the server reads each one)."""
+    batching = spec["batching"]
+    cmd = ["kubetrt", "serve", package, "--store", store, "--engine-key", engine_key, "--cache-dir", CACHE_DIR,
+           "--model-name", spec["model"]["name"], "--model-version", str(spec["model"]["version"]),
+           "--device", backend, "--host", "0.0.0.0", "--port", str(SERVING_PORT),
+           "--max-batch-size", str(batching["maxBatchSize"]),
+           "--max-queue-delay-us", str(batching["maxQueueDelayMicroseconds"])]
+    if batching.get("preferredBatchSizes"):
+        cmd += ["--preferred-batch-sizes", ",".join(str(b) for b in batching["preferredBatchSizes"])]
+    return cmd
+
+
 def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any],
                        engine: Mapping[str, Any], config: OperatorConfig) -> Obj:
     """Serving Deployment for one target; engine-bound settings come from the verified ``engine``."""
@@ -310,35 +334,20 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
     pin = _pinning(eb_target)
     pkg, vols1, mounts1 = mount_uri(eb_spec["model"]["packageURI"], "/mnt/package", "package", True)
     store, vols2, mounts2 = mount_uri(eb_spec["store"]["uri"], "/mnt/store", "store", True)
-    batching = spec["batching"]
     image = spec.get("image", {})
     resources = copy.deepcopy(target.get("resources") or {})
     resources.setdefault("requests", {}).setdefault("cpu", "500m")
     resources["requests"].setdefault("memory", "1Gi")
     if pin["gpu_limit"]:
         resources.setdefault("limits", {}).update(pin["gpu_limit"])
-    env = [
-        {"name": "KUBETRT_MODEL_NAME", "value": spec["model"]["name"]},
-        {"name": "KUBETRT_MODEL_VERSION", "value": str(spec["model"]["version"])},
-        {"name": "KUBETRT_ENGINE_KEY", "value": engine_key},
-        {"name": "KUBETRT_ENGINE_STORE", "value": store},
-        {"name": "KUBETRT_TARGET", "value": target["name"]},
-        {"name": "KUBETRT_PRECISION", "value": eb_target["precision"]},
-        {"name": "KUBETRT_MAX_BATCH_SIZE", "value": str(batching["maxBatchSize"])},
-        {"name": "KUBETRT_MAX_QUEUE_DELAY_US", "value": str(batching["maxQueueDelayMicroseconds"])},
-        {"name": "KUBETRT_PREFERRED_BATCH_SIZES",
-         "value": ",".join(str(b) for b in batching.get("preferredBatchSizes", []))},
-        {"name": "HOME", "value": "/tmp"},
-        *_thread_env("serving", resources),
-    ]
+    env = [{"name": "HOME", "value": "/tmp"}, *_thread_env("serving", resources)]
     pod_labels = labels(md_name, "serving", target["name"])
     probe = {"port": "http", "scheme": "HTTP"}
     container: Obj = {
         "name": "serving",
         "image": image.get("serving") or config.serving_image,
         "imagePullPolicy": image.get("pullPolicy") or config.pull_policy,
-        "command": ["kubetrt", "serve", pkg, "--host", "0.0.0.0", "--port", str(SERVING_PORT),
-                    "--device", eb_target["backend"]],
+        "command": serve_command(pkg, store, engine_key, eb_target["backend"], spec),
         "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
         "env": env,
         "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
@@ -351,7 +360,7 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
         "startupProbe": {"httpGet": {"path": "/v2/health/live", **probe}, "periodSeconds": 5,
                          "failureThreshold": 120},
         "securityContext": _container_security(),
-        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": "/var/cache/kubetrt"},
+        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR},
                          *mounts1, *mounts2],
     }
     pod_spec: Obj = {

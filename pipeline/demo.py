@@ -95,12 +95,14 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(package: Path, engine_key: str | None, log: Path, timeout_s: float = 90.0) -> Server:
-    """Start the server and wait until the model is ready; RuntimeError (with its log tail) if not."""
+def start_server(source: Any, cache_dir: Path, log: Path, timeout_s: float = 90.0) -> Server:
+    """`kubetrt serve` on the same servable source (a ServableSource) as a pod; wait until the model
+    is ready, or RuntimeError with its log tail."""
     port = free_port()
-    cmd = [sys.executable, "-m", "kubetrt.cli", "serve", str(package), "--host", "127.0.0.1", "--port", str(port), "--device", "host"]
-    if engine_key:
-        cmd += ["--engine-key", engine_key]
+    cmd = [sys.executable, "-m", "kubetrt.cli", "serve", source.package_uri, "--cache-dir", str(cache_dir),
+           "--host", "127.0.0.1", "--port", str(port), "--device", "auto"]
+    if source.store_uri:
+        cmd += ["--store", source.store_uri, "--engine-key", str(source.engine_key)]
     out = open(log, "w")
     proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     out.close()
@@ -149,8 +151,9 @@ def run_demo(
     say: Callable[[str], None] = print,
 ) -> DemoResult:
     """Run the demo in `workdir`; `say` receives the human-readable report lines."""
-    from kubetrt.pipeline.store import assemble_package, open_store
-    from kubetrt.runtime.package import load_golden, read_manifest
+    from kubetrt.pipeline.servable import ServableSource, resolve_servable
+    from kubetrt.pipeline.store import model_digest, open_store
+    from kubetrt.runtime.package import load_golden
 
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
@@ -173,23 +176,13 @@ def run_demo(
             deployment = run_pipeline(savedmodel, store_uri, ["host"], workdir / "stages").deployment
     (workdir / "modeldeployment.yaml").write_text(_yaml(deployment))
     engines_by_target = json.loads(deployment["metadata"]["annotations"]["kubetrt.io/verified-engines"])
-    digest = deployment["metadata"]["annotations"]["kubetrt.io/model-digest"]
     key = next(iter(engines_by_target.values()))
-    st = open_store(store_uri)
-    report = st.read_report(digest, key) or {}
-    served = workdir / "served"
-    with progress.step("fetching package and verified engine from the store"):
-        import shutil
-
-        for d in (served, workdir / "fetched-package", workdir / "fetched-engine"):
-            shutil.rmtree(d, ignore_errors=True)
-        pkg = st.fetch_package(digest, workdir / "fetched-package")
-        st.fetch_engine(digest, key, workdir / "fetched-engine")
-        entry = {"backend": report.get("target", {}).get("backend", "host"), "target": report.get("target"), "spec": report.get("spec")}
-        assemble_package(pkg, {key: (workdir / "fetched-engine", entry)}, served)
-        shutil.rmtree(workdir / "fetched-engine", ignore_errors=True)
-    manifest = read_manifest(served)
-    golden = load_golden(served, manifest)
+    source = ServableSource(deployment["spec"]["model"]["source"]["uri"], deployment["spec"]["store"]["uri"], key)
+    cache = workdir / "cache"
+    servable = resolve_servable(source, cache)
+    report = open_store(source.store_uri or store_uri).read_report(model_digest(servable.manifest), key) or {}
+    manifest = servable.manifest
+    golden = load_golden(servable.package_dir, manifest)
     inputs, want = golden[1 if 1 in golden else min(golden)]
     latencies: list[float] = []
     outputs: dict[str, np.ndarray] = {}
@@ -198,7 +191,7 @@ def run_demo(
     if serve:
         try:
             with progress.step("starting kubetrt serve on a loopback port"):
-                server = start_server(served, key, workdir / "serve.log")
+                server = start_server(source, cache, workdir / "serve.log")
             served_by = "http"
         except (RuntimeError, OSError) as e:
             notes.append(f"serving unavailable, predicting in-process instead: {e}")
@@ -215,10 +208,9 @@ def run_demo(
                         raise RuntimeError(f"POST {url} answered {status}: {resp}")
                     outputs = oip_outputs(resp)
             else:
-                from kubetrt.pipeline.stages import load_with_engine
-                from kubetrt.runtime.target import Target
+                from kubetrt.runtime import load_model
 
-                model = load_with_engine(pkg, served / "engines" / key, Target.from_json(report["target"]), key, workdir / "inproc")
+                model = load_model(servable.package_dir, "auto", engine_key=key, verify=False)
                 for _ in range(requests):
                     t0 = time.perf_counter()
                     outputs = model.predict(inputs)

@@ -24,7 +24,7 @@ from kubetrt.logs import log
 from . import oip, tfserving
 from .errors import BadRequest, NotFound, PayloadTooLarge, ServingError, Unavailable, error_response
 from .metrics import CONTENT_TYPE, UNKNOWN_MODEL, ServingMetrics
-from .registry import ModelLike, ModelRegistry, ServedModel, ServingConfig, timeout_from_params
+from .registry import ModelLike, ModelRegistry, ModelSource, ServedModel, ServingConfig, timeout_from_params
 
 logger = logging.getLogger("kubetrt.serving")
 
@@ -33,7 +33,7 @@ OUTCOME_BY_STATUS = {400: "bad_request", 404: "not_found", 413: "too_large", 503
 
 
 def create_app(
-    packages: Iterable[str | os.PathLike[str]] = (),
+    packages: Iterable[str | os.PathLike[str] | ModelSource] = (),
     config: ServingConfig | None = None,
     *,
     models: Iterable[ModelLike] = (),
@@ -43,7 +43,7 @@ def create_app(
     metrics = ServingMetrics()
     registry = ModelRegistry(config, metrics)
     for p in packages:
-        registry.add_package(p)
+        registry.add_source(p if isinstance(p, ModelSource) else ModelSource.local(p))
     for m in models:
         registry.add_model(m)
 

@@ -14,7 +14,7 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -27,7 +27,7 @@ from kubetrt.runtime.batcher import (
     DeadlineExceeded,
     QueueFull,
 )
-from kubetrt.runtime.package import TensorSpec, load_golden, read_manifest
+from kubetrt.runtime.package import Manifest, TensorSpec, load_golden, read_manifest
 
 from .errors import BadRequest, ComputeFailed, NotFound, Timeout, Unavailable
 from .metrics import ModelMetrics, ServingMetrics
@@ -66,7 +66,6 @@ class State(str, enum.Enum):
 @dataclass
 class ServingConfig:
     device: str = "host"
-    engine_key: str | None = None
     batcher: BatcherConfig = field(default_factory=BatcherConfig)
     request_timeout_s: float = 30.0
     max_body_bytes: int = 64 << 20
@@ -116,10 +115,39 @@ def compare_output(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) 
     )
 
 
-def _load(package_dir: Any, config: ServingConfig) -> ModelLike:
+@dataclass(frozen=True)
+class Loadable:
+    """A local package to load, the engine in it to use, and whether its digests were just checked."""
+
+    package_dir: Path
+    engine_key: str | None = None
+    checked: bool = False
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A model served under `name`/`version`, resolved to a local package only when it loads.
+
+    Resolving (fetching from an object store, checking digests) runs in the background like
+    loading, so a package that cannot be had leaves this model unready with the reason; the
+    server stays up and its readiness probe says why.
+    """
+
+    name: str
+    version: str
+    resolve: Callable[[], Loadable]
+    manifest: Manifest | None = None  # known before loading: metadata routes can describe the model early
+
+    @classmethod
+    def local(cls, package_dir: str | os.PathLike[str], engine_key: str | None = None) -> "ModelSource":
+        m = read_manifest(package_dir)
+        return cls(m.name, m.version, lambda: Loadable(Path(package_dir), engine_key), m)
+
+
+def _load(source: Loadable, config: ServingConfig) -> ModelLike:
     from kubetrt.runtime import load_model  # the runtime's device libraries load only when serving
 
-    return load_model(package_dir, config.device, engine_key=config.engine_key)
+    return load_model(source.package_dir, config.device, engine_key=source.engine_key, verify=not source.checked)
 
 
 def _precision(model: ModelLike) -> str:
@@ -146,13 +174,13 @@ class ServedModel:
         version: str,
         config: ServingConfig,
         metrics: ModelMetrics,
-        package_dir: str | os.PathLike[str] | None = None,
+        source: ModelSource | None = None,
         model: ModelLike | None = None,
     ) -> None:
         self.name, self.version = name, version
         self.config = config
         self.metrics = metrics
-        self.package_dir = package_dir
+        self.source = source
         self.model = model
         self.state = State.LOADING
         self.reason = "loading"
@@ -163,8 +191,8 @@ class ServedModel:
         self.batcher: Batcher | None = None
         if model is not None:
             self._describe(model)
-        elif package_dir is not None:
-            m = read_manifest(package_dir)
+        elif source is not None and source.manifest is not None:
+            m = source.manifest
             self.signature, self.inputs, self.outputs = m.signature, list(m.inputs), list(m.outputs)
 
     def _describe(self, model: ModelLike) -> None:
@@ -181,9 +209,11 @@ class ServedModel:
         """Blocking: load (if given a package), verify against golden data, start the batcher."""
         t0 = time.monotonic()
         try:
-            if self.model is None:
-                self.model = _load(self.package_dir, self.config)
+            if self.model is None and self.source is not None:
+                self.model = _load(self.source.resolve(), self.config)
                 self._describe(self.model)
+            if self.model is None:
+                raise ValueError("nothing to load: no model and no source")
             if self.config.golden_check:
                 precision = _precision(self.model)
                 rtol, atol = tolerance(self.device, precision)
@@ -254,10 +284,9 @@ class ModelRegistry:
         versions[served.version] = served
         return served
 
-    def add_package(self, package_dir: str | os.PathLike[str]) -> ServedModel:
-        m = read_manifest(package_dir)
-        return self._add(ServedModel(m.name, m.version, self.config, self.metrics.for_model(m.name),
-                                     package_dir=Path(package_dir)))
+    def add_source(self, source: ModelSource) -> ServedModel:
+        return self._add(ServedModel(source.name, source.version, self.config, self.metrics.for_model(source.name),
+                                     source=source))
 
     def add_model(self, model: ModelLike) -> ServedModel:
         return self._add(ServedModel(model.name, str(model.version), self.config,

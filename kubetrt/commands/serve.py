@@ -1,7 +1,14 @@
-"""`kubetrt serve PACKAGE [PACKAGE...]`: the Open Inference Protocol + TF Serving REST server."""
+"""`kubetrt serve PACKAGE [PACKAGE...]`: the Open Inference Protocol + TF Serving REST server.
+
+Every setting the operator puts into a serving pod is a flag here; packages and engines are
+resolved through the servable source (kubetrt.pipeline.servable), the same as `kubetrt fetch`.
+"""
 from __future__ import annotations
 
 import argparse
+import tempfile
+from pathlib import Path
+from typing import Any
 
 
 def _positive(value: str) -> int:
@@ -27,12 +34,15 @@ def _sizes(value: str) -> tuple[int, ...]:
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("serve", help="serve model packages over HTTP (KServe V2 / OIP and TF Serving REST)")
-    p.add_argument("packages", nargs="+", metavar="PACKAGE", help="model package directories")
+    p.add_argument("packages", nargs="+", metavar="PACKAGE",
+                   help="model packages: directories, file:// or s3:// URIs")
+    add_source_arguments(p)
+    p.add_argument("--model-name", default=None, help="serve the model under this name (default: the package's)")
+    p.add_argument("--model-version", default=None, help="serve the model as this version (default: the package's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
     p.add_argument("--device", default="auto", choices=("auto", "host", "cuda", "tensorrt"),
                    help="device runtime; auto lets the runtime pick the best one on this node")
-    p.add_argument("--engine-key", default=None, help="load this engine from the package (default: the runtime's choice)")
     p.add_argument("--max-batch-size", type=_positive, default=32, help="1 turns dynamic batching off")
     p.add_argument("--max-queue-delay-us", type=_non_negative, default=500,
                    help="longest a request waits for others to batch with while traffic is concurrent")
@@ -49,6 +59,50 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.set_defaults(func=run)
 
 
+def add_source_arguments(p: argparse.ArgumentParser) -> None:
+    """The servable-source flags `serve` and `fetch` share."""
+    p.add_argument("--store", default=None, metavar="URI", help="engine store holding the verified engine (with --engine-key)")
+    p.add_argument("--engine-key", default=None, metavar="KEY",
+                   help="the verified engine to serve: fetched from --store, or found in the package's engines/")
+    p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "kubetrt-cache"), metavar="DIR",
+                   help="writable directory for fetched packages and engines (an emptyDir in a pod)")
+    p.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
+
+
+def source_of(args: argparse.Namespace, package: str) -> Any:
+    from kubetrt.pipeline.servable import ServableSource
+
+    return ServableSource(package, args.store, args.engine_key, args.s3_endpoint)
+
+
+def model_sources(args: argparse.Namespace) -> list[Any]:
+    """One ModelSource per package. With both --model-name and --model-version nothing is fetched
+    before the server binds (a fetch failure then shows as an unready model); otherwise the
+    package is resolved now, for its name, and a failure is a start-up error."""
+    from kubetrt.pipeline.servable import resolve_servable
+    from kubetrt.serving.registry import Loadable, ModelSource
+
+    if len(args.packages) > 1 and (args.engine_key or args.model_name or args.model_version):
+        raise ValueError("--engine-key, --model-name and --model-version name one model; give exactly one PACKAGE with them")
+    sources = []
+    for package in args.packages:
+        src = source_of(args, package)
+
+        def resolve(src: Any = src) -> Loadable:
+            s = resolve_servable(src, args.cache_dir)
+            return Loadable(s.package_dir, s.engine_key, checked=True)
+
+        if args.model_name and args.model_version:
+            sources.append(ModelSource(args.model_name, args.model_version, resolve))
+            continue
+        servable = resolve_servable(src, args.cache_dir)
+        loadable = Loadable(servable.package_dir, servable.engine_key, checked=True)
+        m = servable.manifest
+        sources.append(ModelSource(args.model_name or m.name, args.model_version or m.version,
+                                   lambda loadable=loadable: loadable, m))
+    return sources
+
+
 def run(args: argparse.Namespace) -> int:
     from kubetrt.runtime.batcher import BatcherConfig
     from kubetrt.serving.app import create_app
@@ -57,7 +111,6 @@ def run(args: argparse.Namespace) -> int:
 
     config = ServingConfig(
         device=args.device,
-        engine_key=args.engine_key,
         batcher=BatcherConfig(
             max_batch_size=args.max_batch_size,
             max_queue_delay_us=args.max_queue_delay_us,
@@ -69,6 +122,6 @@ def run(args: argparse.Namespace) -> int:
         max_body_bytes=args.max_body_bytes,
         golden_check=not args.no_golden_check,
     )
-    app = create_app(args.packages, config)  # reads every manifest now: a bad path fails before binding
+    app = create_app(model_sources(args), config)
     return serve(uvicorn_config(app, args.host, args.port, verbose=args.verbose,
                                 graceful_timeout_s=args.graceful_timeout_s))

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import platform
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
@@ -11,6 +10,7 @@ import numpy as np
 
 from ..executor import DataflowExecutor, SequentialPlan
 from ..graph import Graph
+from ..kernels import parallel
 from ..kernels.parallel import single_threaded_blas
 from ..memory import keep_freed_memory
 from ..timing import median_seconds
@@ -22,10 +22,12 @@ _POOL: ThreadPoolExecutor | None = None
 
 
 def shared_pool() -> ThreadPoolExecutor:
-    """One pool per process: kernels and BLAS already use the cores; more pools only thrash."""
+    """One pool per process, as wide as the CPU the process may use (KUBETRT_THREADS, which the
+    operator fills from the pod's CPU limit): kernels and BLAS already use the cores; more threads
+    only thrash the CFS quota."""
     global _POOL
     if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=max(2, os.cpu_count() or 2), thread_name_prefix="kubetrt")
+        _POOL = ThreadPoolExecutor(max_workers=parallel.THREADS, thread_name_prefix="kubetrt")
     return _POOL
 
 

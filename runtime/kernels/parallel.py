@@ -16,7 +16,22 @@ import numpy as np
 
 from . import blas
 
-THREADS = int(os.environ.get("KUBETRT_THREADS", os.cpu_count() or 1))
+def threads_from_env(name: str) -> int:
+    """A thread count from `name` (the operator sets it from the pod's CPU limit), else the CPUs
+    this process may run on; a bad value is an error naming the variable, not a silent default."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return max(1, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1)
+    try:
+        n = int(text)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"{name}={text!r}: expected a positive number of threads")
+    return n
+
+
+THREADS = threads_from_env("KUBETRT_THREADS")
 MIN_FLOPS_PER_THREAD = 8_000_000  # below this (~0.07 ms of GEMM), a thread hop costs more than it saves
 _limited = False
 

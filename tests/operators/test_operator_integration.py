@@ -34,6 +34,12 @@ def objs(api: ApiServerEmulator, plural: str) -> dict[str, dict[str, Any]]:
             if res.plural == plural and not obj.deleted}
 
 
+def engine_key_served(deployment: dict[str, Any]) -> str:
+    """The --engine-key the serving container is started with."""
+    cmd = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    return cmd[cmd.index("--engine-key") + 1]
+
+
 def condition(api: ApiServerEmulator, name: str, ctype: str) -> dict[str, Any] | None:
     md = objs(api, "modeldeployments").get(name) or {}
     return next((c for c in (md.get("status") or {}).get("conditions", []) if c["type"] == ctype), None)
@@ -133,7 +139,7 @@ async def test_create_build_serve_status_and_delete_with_emulated_gc(
     pod = dep["spec"]["template"]["spec"]
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert {"name": "KUBETRT_ENGINE_KEY", "value": "trt-h100-fp16"} in pod["containers"][0]["env"]
+    assert engine_key_served(dep) == "trt-h100-fp16"
     eb = next(e for e in objs(api, "enginebuilds").values() if e["spec"]["target"]["name"] == "h100")
     assert eb["status"]["phase"] == "Succeeded" and eb["status"]["verified"] is True
 
@@ -192,12 +198,10 @@ async def test_spec_change_rolls_out_after_the_new_engine_verified(
     await edit_model_deployment(client, lambda live: live["spec"]["targets"][0].update(precision="int8"))
     await eventually(lambda: len(objs(api, "jobs")) == 2)
     await asyncio.sleep(0.3)
-    env = objs(api, "deployments")["resnet-h100"]["spec"]["template"]["spec"]["containers"][0]["env"]
-    assert {"name": "KUBETRT_ENGINE_KEY", "value": "fp16-key"} in env, "unverified engine must not reach pods"
+    assert engine_key_served(objs(api, "deployments")["resnet-h100"]) == "fp16-key", "unverified engine must not reach pods"
 
     await finish_build(client, api, "h100", key="int8-key")
-    await eventually(lambda: {"name": "KUBETRT_ENGINE_KEY", "value": "int8-key"} in
-                     objs(api, "deployments")["resnet-h100"]["spec"]["template"]["spec"]["containers"][0]["env"])
+    await eventually(lambda: engine_key_served(objs(api, "deployments")["resnet-h100"]) == "int8-key")
     await eventually(lambda: len(objs(api, "enginebuilds")) == 1)  # the superseded build is removed
     md_now = objs(api, "modeldeployments")["resnet"]
     await eventually(lambda: objs(api, "modeldeployments")["resnet"]["status"]["observedGeneration"] == 2)

@@ -87,7 +87,7 @@ def test_build_job_is_pinned_to_the_gpu_product_and_runs_the_build_command() -> 
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert c["command"] == ["kubetrt", "build", "--package", "s3://models/resnet50/pkg", "--target",
                             "name=t4,backend=tensorrt,gpu-product=Tesla-T4,precision=int8,batch=1:8:32,max-batch=32",
-                            "--store", "s3://engines/resnet50"]
+                            "--store", "s3://engines/resnet50", "--termination-log", c["terminationMessagePath"]]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert c["securityContext"]["readOnlyRootFilesystem"] and not c["securityContext"]["allowPrivilegeEscalation"]
@@ -101,6 +101,24 @@ def test_cpu_build_job_has_no_gpu_pinning() -> None:
     pod = objects.build_job(eb, CONFIG)["spec"]["template"]["spec"]
     assert "nvidia.com/gpu.product" not in pod["nodeSelector"] and pod["tolerations"] == []
     assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+
+
+def flag(deployment: dict, name: str) -> str:
+    cmd = deployment["spec"]["template"]["spec"]["containers"][0]["command"]
+    return cmd[cmd.index(name) + 1]
+
+
+def test_file_uris_are_mounted_from_the_node_at_the_same_path() -> None:
+    md = md_body(model={"name": "m", "source": {"uri": "file:///srv/store/abc/package"}},
+                 store={"uri": "file:///srv/store"}, targets=[{"name": "cpu", "cpu": True}])
+    eb = reconcile.plan_model_deployment(md, Observed(), CONFIG, NOW).create[0]
+    pod = objects.build_job(eb, CONFIG)["spec"]["template"]["spec"]
+    cmd = pod["containers"][0]["command"]
+    assert cmd[cmd.index("--package") + 1] == "/srv/store/abc/package" and cmd[cmd.index("--store") + 1] == "/srv/store"
+    host = {v["name"]: v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    mounts = {m["name"]: (m["mountPath"], m.get("readOnly", False)) for m in pod["containers"][0]["volumeMounts"]}
+    assert host == {"package": "/srv/store/abc/package", "store": "/srv/store"}
+    assert mounts["package"] == ("/srv/store/abc/package", True) and mounts["store"] == ("/srv/store", False)
 
 
 def test_pvc_uris_are_mounted_and_passed_as_paths() -> None:
@@ -143,10 +161,12 @@ def test_verified_engine_yields_a_pinned_hardened_deployment() -> None:
     assert pod["nodeSelector"]["nvidia.com/gpu.product"] == "NVIDIA-H100-80GB-HBM3"
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "1" and c["resources"]["requests"]["cpu"] == "500m"
-    assert c["command"] == ["kubetrt", "serve", "s3://models/resnet50/pkg", "--host", "0.0.0.0", "--port", "8080",
-                            "--device", "tensorrt"]
-    env = {e["name"]: e.get("value") for e in c["env"]}
-    assert env["KUBETRT_ENGINE_KEY"] == key and env["KUBETRT_MAX_BATCH_SIZE"] == "8"
+    assert c["command"] == ["kubetrt", "serve", "s3://models/resnet50/pkg", "--store", "s3://engines/resnet50",
+                            "--engine-key", key, "--cache-dir", "/var/cache/kubetrt", "--model-name", "resnet50",
+                            "--model-version", "3", "--device", "tensorrt", "--host", "0.0.0.0", "--port", "8080",
+                            "--max-batch-size", "8", "--max-queue-delay-us", "500"]
+    assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/tmp", "/var/cache/kubetrt"}
+    assert {e["name"] for e in c["env"]} == {"HOME", "OMP_NUM_THREADS", "KUBETRT_THREADS", "KUBETRT_JIT_THREADS"}
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
     sc = c["securityContext"]
@@ -207,9 +227,7 @@ def test_new_engine_reaches_pods_only_after_it_verified() -> None:
     (new_eb,) = [o for o in plan.create if o["spec"]["target"]["name"] == "h100"]
     assert new_eb["metadata"]["name"] != old_build
     assert not [o for o in plan.apply if o["kind"] == "Deployment"], "pods must keep the verified engine"
-    dep_env = {e["name"]: e.get("value") for e in obs.deployments["resnet-h100"]["spec"]["template"]["spec"]
-               ["containers"][0]["env"]}
-    assert dep_env["KUBETRT_ENGINE_KEY"] == "old-key" and dep_env["KUBETRT_PRECISION"] == "fp16"
+    assert flag(obs.deployments["resnet-h100"], "--engine-key") == "old-key"
     assert old_build in obs.engine_builds, "the serving build must be kept"
     h100 = next(t for t in plan.status["targets"] if t["name"] == "h100")
     assert h100["engineKey"] == "old-key" and h100["buildPhase"] == "Pending"
@@ -219,8 +237,7 @@ def test_new_engine_reaches_pods_only_after_it_verified() -> None:
     verify(obs, "h100", "new-key")
     plan, obs = converge(md, obs)
     (dep,) = [o for o in plan.apply if o["kind"] == "Deployment"]
-    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
-    assert env["KUBETRT_ENGINE_KEY"] == "new-key" and env["KUBETRT_PRECISION"] == "int8"
+    assert flag(dep, "--engine-key") == "new-key"
     assert ("kubetrt.io/v1alpha1", "EngineBuild", old_build) in plan.delete
 
 

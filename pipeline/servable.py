@@ -1,0 +1,200 @@
+"""The servable source: package URI + engine store URI + engine key -> one local, checked package.
+
+What a serving pod runs is named by exactly these three things. `kubetrt serve`, `kubetrt fetch`,
+the demo and the operator's Deployment all resolve them here, so there is one place that checks
+digests, refuses an engine built for another node type, and writes only under a cache directory
+(serving pods have a read-only root filesystem; the operator mounts an emptyDir there).
+
+The result is assembled in a hidden temp directory and renamed into place, so a pod restarted
+mid-fetch never finds half a package; a later start on the same cache reuses a complete one.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+from kubetrt import progress
+from kubetrt.logs import log
+from kubetrt.pipeline.errors import PipelineError
+from kubetrt.pipeline.sources import parse_uri
+from kubetrt.pipeline.store import assemble_package, fetch_package_uri, model_digest, open_store
+from kubetrt.runtime.package import ENGINES, Manifest, PackageError, open_package, read_manifest
+
+logger = logging.getLogger("kubetrt.pipeline")
+
+SERVABLES = "servables"
+
+
+class ServableError(PipelineError):
+    """The package, the store or the engine named for serving is missing, corrupt or not for this node."""
+
+
+@dataclass(frozen=True)
+class ServableSource:
+    """What to serve: a model package, and optionally the verified engine for this node type."""
+
+    package_uri: str
+    store_uri: str | None = None
+    engine_key: str | None = None
+    s3_endpoint: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.store_uri and not self.engine_key:
+            raise ServableError(f"engine store {self.store_uri} given without an engine key; expected --engine-key KEY too")
+
+
+@dataclass(frozen=True)
+class Servable:
+    """A local package whose digests (package files and engine files) were checked on resolving."""
+
+    package_dir: Path
+    manifest: Manifest
+    engine_key: str | None
+    backend: str | None
+
+
+def resolve_servable(source: ServableSource, cache_dir: str | Path) -> Servable:
+    """Bring `source` to a local package under `cache_dir` (local packages without a store stay in place)."""
+    loc = parse_uri(source.package_uri)
+    if not source.store_uri:
+        if loc.scheme == "file":
+            return _local_package(Path(loc.path), source.engine_key)
+        dest = _cache_slot(cache_dir, source)
+        if not _complete(dest, None):
+            with progress.step(f"fetching package {source.package_uri}"), _staging(cache_dir) as tmp:
+                pkg = _fetch_package(source, tmp)
+                _publish(pkg, dest)
+        return _servable(dest, None, None)
+    key = str(source.engine_key)
+    dest = _cache_slot(cache_dir, source)
+    if _complete(dest, key):
+        log(logger, logging.INFO, "servable reused from cache", path=str(dest), engine=key)
+        return _servable(dest, key, _backend(dest, key))
+    with progress.step(f"fetching package {source.package_uri} and engine {key}"), _staging(cache_dir) as tmp:
+        pkg = _fetch_package(source, tmp / "package")
+        manifest = read_manifest(pkg)
+        digest = model_digest(manifest)
+        store = open_store(source.store_uri, s3_endpoint=source.s3_endpoint)
+        report = store.read_report(digest, key)
+        if report is None:
+            have = store.list_engines(digest)
+            raise ServableError(
+                f"engine store {source.store_uri} has no verified engine {key} for model {manifest.name} "
+                f"(digest {digest[:12]}); it has {have or 'none'}"
+            )
+        if not report.get("passed"):
+            raise ServableError(f"engine {key} in {source.store_uri} did not pass verification: {report.get('summary')}")
+        check_engine_fits_node(key, report)
+        store.fetch_engine(digest, key, tmp / "engine")
+        target = report.get("target") or {}
+        entry = {"backend": target.get("backend", "host"), "target": target, "spec": report.get("spec")}
+        assemble_package(pkg, {key: (tmp / "engine", entry)}, tmp / "servable")
+        _publish(tmp / "servable", dest)
+    log(logger, logging.INFO, "servable fetched", path=str(dest), engine=key, model=manifest.name)
+    return _servable(dest, key, entry["backend"])
+
+
+def check_engine_fits_node(key: str, report: dict[str, Any]) -> None:
+    """Refuse, before any copying, an engine whose target this node cannot reproduce."""
+    from kubetrt.runtime.devices import resolve_target
+    from kubetrt.runtime.errors import DeviceUnavailableError
+    from kubetrt.runtime.target import Target, TargetError
+
+    try:
+        wanted = Target.from_json(report["target"])
+        here = resolve_target(Target(wanted.backend, wanted.gpu_product, wanted.precision, wanted.profile))
+    except (KeyError, TypeError) as e:
+        raise ServableError(f"engine {key}: its verification report names no usable target ({e})") from e
+    except (DeviceUnavailableError, ImportError, TargetError) as e:
+        raise ServableError(f"engine {key} cannot run on this node: {e}") from e
+    if here.key() != key:
+        raise ServableError(
+            f"engine {key} was built for another node type; this node resolves the same target to {here.key()}: "
+            "rebuild the engine on this node type (an EngineBuild pinned to it) or serve the matching key"
+        )
+
+
+def _local_package(path: Path, engine_key: str | None) -> Servable:
+    manifest = _open(path)
+    if engine_key and not (path / ENGINES / engine_key).is_dir():
+        have = sorted(e.get("key", "?") for e in manifest.engines)
+        raise ServableError(f"{path}: the package holds no engine {engine_key} (it has {have or 'none'}); "
+                            "give --store URI to fetch it from an engine store")
+    backend = _backend(path, engine_key) if engine_key else None
+    return Servable(path, manifest, engine_key, backend)
+
+
+def _open(path: Path) -> Manifest:
+    try:
+        return open_package(path)
+    except PackageError as e:
+        raise ServableError(str(e)) from e
+
+
+def _servable(path: Path, key: str | None, backend: str | None) -> Servable:
+    return Servable(path, read_manifest(path), key, backend)
+
+
+def _fetch_package(source: ServableSource, dest: Path) -> Path:
+    """A digest-checked copy of the package (local directories are copied too: the cache is self-contained)."""
+    loc = parse_uri(source.package_uri)
+    if loc.scheme == "file":
+        _open(Path(loc.path))
+        shutil.copytree(loc.path, dest, ignore=shutil.ignore_patterns(ENGINES))
+        return dest
+    try:
+        return fetch_package_uri(source.package_uri, dest, s3_endpoint=source.s3_endpoint)
+    except PackageError as e:
+        raise ServableError(str(e)) from e
+
+
+def _cache_slot(cache_dir: str | Path, source: ServableSource) -> Path:
+    ident = json.dumps([source.package_uri, source.store_uri, source.engine_key]).encode()
+    return Path(cache_dir) / SERVABLES / hashlib.sha256(ident).hexdigest()[:20]
+
+
+def _complete(dest: Path, key: str | None) -> bool:
+    """A slot from an earlier start: usable only if it is whole and still matches its digests."""
+    if not (dest / "manifest.json").is_file():
+        return False
+    try:
+        manifest = open_package(dest)
+    except PackageError as e:
+        log(logger, logging.WARNING, "cached servable is corrupt; fetching again", path=str(dest), reason=str(e))
+        return False
+    return key is None or any(e.get("key") == key for e in manifest.engines)
+
+
+def _backend(path: Path, key: str | None) -> str | None:
+    entry = next((e for e in read_manifest(path).engines if e.get("key") == key), None)
+    return str(entry.get("backend")) if entry else None
+
+
+@contextlib.contextmanager
+def _staging(cache_dir: str | Path) -> Iterator[Path]:
+    """A temp dir inside the cache (same filesystem, so the final rename is atomic)."""
+    root = Path(cache_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        path = Path(tempfile.mkdtemp(dir=root, prefix=".staging-"))
+    except OSError as e:
+        raise ServableError(f"cache directory {root} is not writable ({e.strerror}); "
+                            "give --cache-dir a writable path (an emptyDir in a pod)") from e
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _publish(src: Path, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if dest.exists():
+        shutil.rmtree(dest)
+    src.rename(dest)
