@@ -7,7 +7,8 @@ but the batch dimension (np.concatenate on dim 0), runs one compute call and spl
 back. Policy, in order:
 
 - nothing else waiting: dispatch at once (no added latency at concurrency 1);
-- the batch reached `max_batch_size` or a preferred size: dispatch;
+- the batch reached `max_batch_size` or a preferred size: dispatch (a full batch is cut to its
+  largest preferred prefix, as Triton forms preferred sizes first);
 - otherwise, while other requests are arriving, wait for more up to `max_queue_delay_us` after
   the oldest request was queued, then dispatch the largest preferred prefix (or everything).
 
@@ -216,7 +217,7 @@ class Batcher:
             while True:
                 rows = self._gather(batch, rows)
                 if rows >= cfg.max_batch_size or rows in self._preferred:
-                    return batch
+                    return self._trim_to_preferred(batch, rows)  # a full batch too: preferred sizes first
                 # Wait only when traffic is concurrent (someone besides the head showed up).
                 remaining = wait_until - time.monotonic()
                 if len(batch) == 1 or remaining <= 0 or self._closed:
