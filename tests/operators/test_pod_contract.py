@@ -1,0 +1,51 @@
+"""The contract between the operator and the pods it creates: every flag it passes is one the pod's
+command accepts, and every KUBETRT_* variable it sets is read by the code the pod runs.
+
+The effects themselves are observed elsewhere (tests/serving/test_serve_cli.py, tests/e2e/);
+this keeps a setting from being added on one side only.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from kubetrt.cli import build_parser
+from kubetrt.operators import objects, reconcile
+from kubetrt.operators.reconcile import Observed
+from operator_testlib import CONFIG, md_body
+
+REPO = Path(__file__).resolve().parents[2]
+POD_CODE = [REPO / d for d in ("kubetrt", "runtime", "serving", "pipeline")]
+
+
+def generated_containers() -> list[dict[str, Any]]:
+    md = md_body(batching={"maxBatchSize": 16, "maxQueueDelayMicroseconds": 900, "preferredBatchSizes": [4, 8]})
+    spec = objects.normalized_spec(md)
+    eb = reconcile.plan_model_deployment(md, Observed(), CONFIG, "2026-01-01T00:00:00Z").create[1]
+    eb["status"] = {"engineKey": "some-key", "phase": "Succeeded", "verified": True}
+    target = objects.resolve_target(spec, spec["targets"][1])
+    job = objects.build_job(eb, CONFIG)
+    dep = objects.serving_deployment(md, spec, target, eb, CONFIG)
+    return [job["spec"]["template"]["spec"]["containers"][0], dep["spec"]["template"]["spec"]["containers"][0]]
+
+
+@pytest.mark.parametrize("index,command", [(0, "build"), (1, "serve")])
+def test_every_generated_flag_is_accepted_by_the_pods_command(index: int, command: str) -> None:
+    c = generated_containers()[index]
+    assert c["command"][:2] == ["kubetrt", command]
+    args = build_parser().parse_args(c["command"][1:])  # argparse exits on any flag it does not know
+    if command == "serve":
+        assert (args.engine_key, args.model_name, args.max_batch_size, args.preferred_batch_sizes) == \
+            ("some-key", "resnet50", 16, (4, 8))
+        assert args.max_queue_delay_us == 900 and args.cache_dir == objects.CACHE_DIR
+
+
+def test_every_kubetrt_variable_the_operator_sets_is_read_by_pod_code() -> None:
+    names = {e["name"] for c in generated_containers() for e in c["env"] if e["name"].startswith("KUBETRT_")}
+    assert names, "the serving pods get their thread counts from the Downward API"
+    source = "\n".join(p.read_text() for d in POD_CODE for p in d.rglob("*.py"))
+    unread = sorted(n for n in names if not re.search(rf"""(environ\.get|getenv|threads_from_env)\(\s*["']{n}["']""", source))
+    assert not unread, f"set by the operator but read by nothing in the pod: {unread}"
