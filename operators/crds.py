@@ -16,9 +16,12 @@ from typing import Any, Mapping
 
 import yaml
 
-GROUP = "kubetrt.io"
-VERSION = "v1alpha1"
-API_VERSION = f"{GROUP}/{VERSION}"
+# crds.GROUP, crds.VERSION, crds.API_VERSION and crds.DNS_LABEL_PATTERN stay importable from here.
+from kubetrt.operators.names import API_VERSION, DNS_LABEL_PATTERN, GROUP, VERSION  # noqa: F401
+from kubetrt.operators.names import (APP_NAME, GPU_PRODUCT_LABEL, GPU_RESOURCE, KIND_ENGINE_BUILD,
+                                     KIND_MODEL_DEPLOYMENT, LABEL_APP_COMPONENT, LABEL_APP_NAME, LABEL_APP_PART_OF,
+                                     OPERATOR_NAME, OPERATOR_NAMESPACE, PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS,
+                                     TARGET_NAME_MAX)
 
 BACKENDS = ["tensorrt", "cuda", "host"]
 GPU_BACKENDS = ["tensorrt", "cuda"]
@@ -28,7 +31,6 @@ CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady"]
 
 # Where a model package or an engine store may live. pvc://<claim>/<path> is mounted into pods.
 URI_PATTERN = r"^(s3|gs|file|pvc)://.+"
-DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
@@ -72,7 +74,7 @@ def _quantity_map(description: str) -> dict[str, Any]:
 
 
 def _resources() -> dict[str, Any]:
-    return _obj("Compute resources of the serving container (requests/limits). nvidia.com/gpu is set by the operator.", {
+    return _obj(f"Compute resources of the serving container (requests/limits). {GPU_RESOURCE} is set by the operator.", {
         "requests": _quantity_map("Minimum resources, e.g. cpu: 500m, memory: 2Gi."),
         "limits": _quantity_map("Maximum resources."),
     })
@@ -94,13 +96,13 @@ def _target_fields() -> dict[str, Any]:
     """The fields that say where and how one engine is built and served (shared by both kinds)."""
     return {
         "name": _str("Target name (DNS label): names the Deployment <deployment>-<name>.",
-                     pattern=DNS_LABEL_PATTERN, maxLength=30),
-        "gpuProduct": _str("GPU product as labelled by GPU Feature Discovery (nvidia.com/gpu.product), "
+                     pattern=DNS_LABEL_PATTERN, maxLength=TARGET_NAME_MAX),
+        "gpuProduct": _str(f"GPU product as labelled by GPU Feature Discovery ({GPU_PRODUCT_LABEL}), "
                            "e.g. NVIDIA-H100-80GB-HBM3 or Tesla-T4. Pods and build Jobs are pinned to it.",
                            minLength=1, maxLength=63, pattern=r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"),
         "cpu": {"type": "boolean", "enum": [True],
                 "description": "Set to true for a CPU-only target (backend host). Mutually exclusive with gpuProduct."},
-        "gpus": _int("GPUs per pod (nvidia.com/gpu limit) for GPU targets.", minimum=1, maximum=16, default=1),
+        "gpus": _int(f"GPUs per pod ({GPU_RESOURCE} limit) for GPU targets.", minimum=1, maximum=16, default=1),
         "backend": _str("Device runtime. Default: tensorrt for GPU targets, host for CPU targets.", enum=BACKENDS),
         "precision": _str("Engine precision. Default: spec.optimization.precision.", enum=PRECISIONS),
     }
@@ -268,8 +270,7 @@ def _crd(plural: str, kind: str, singular: str, short: list[str], spec: dict[str
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"{plural}.{GROUP}", "labels": {"app.kubernetes.io/name": "kubetrt",
-                                                               "app.kubernetes.io/part-of": "kubetrt"}},
+        "metadata": {"name": f"{plural}.{GROUP}", "labels": {LABEL_APP_NAME: APP_NAME, LABEL_APP_PART_OF: APP_NAME}},
         "spec": {
             "group": GROUP,
             "scope": "Namespaced",
@@ -281,7 +282,7 @@ def _crd(plural: str, kind: str, singular: str, short: list[str], spec: dict[str
                 "additionalPrinterColumns": columns,
                 "schema": {"openAPIV3Schema": {
                     "type": "object",
-                    "description": f"{kind} (kubetrt.io).",
+                    "description": f"{kind} ({GROUP}).",
                     "properties": {
                         "apiVersion": {"type": "string"},
                         "kind": {"type": "string"},
@@ -304,7 +305,7 @@ def _cond_column(name: str, cond: str, priority: int = 0) -> dict[str, Any]:
 
 
 def model_deployment_crd() -> dict[str, Any]:
-    return _crd("modeldeployments", "ModelDeployment", "modeldeployment", ["md", "mdep"],
+    return _crd(PLURAL_MODEL_DEPLOYMENTS, KIND_MODEL_DEPLOYMENT, KIND_MODEL_DEPLOYMENT.lower(), ["md", "mdep"],
                 model_deployment_spec_schema(), model_deployment_status_schema(), [
                     {"name": "Model", "type": "string", "jsonPath": ".spec.model.name"},
                     _cond_column("Ready", "Ready"),
@@ -317,7 +318,7 @@ def model_deployment_crd() -> dict[str, Any]:
 
 
 def engine_build_crd() -> dict[str, Any]:
-    return _crd("enginebuilds", "EngineBuild", "enginebuild", ["eb", "ebuild"],
+    return _crd(PLURAL_ENGINE_BUILDS, KIND_ENGINE_BUILD, KIND_ENGINE_BUILD.lower(), ["eb", "ebuild"],
                 engine_build_spec_schema(), engine_build_status_schema(), [
                     {"name": "Target", "type": "string", "jsonPath": ".spec.target.name"},
                     {"name": "GPU", "type": "string", "jsonPath": ".spec.target.gpuProduct"},
@@ -384,12 +385,11 @@ def render_yaml(objs: list[dict[str, Any]]) -> str:
     return HEADER + "".join("---\n" + yaml.safe_dump(o, sort_keys=False, width=120) for o in objs)
 
 
-def rbac_objects(namespace: str = "kubetrt-system", name: str = "kubetrt-operator") -> list[dict[str, Any]]:
+def rbac_objects(namespace: str = OPERATOR_NAMESPACE, name: str = OPERATOR_NAME) -> list[dict[str, Any]]:
     """ClusterRole + ClusterRoleBinding of the plain manifests (the chart templates the same rules)."""
     from kubetrt.operators import rbac
 
-    labels = {"app.kubernetes.io/name": "kubetrt", "app.kubernetes.io/component": "operator",
-              "app.kubernetes.io/part-of": "kubetrt"}
+    labels = {LABEL_APP_NAME: APP_NAME, LABEL_APP_COMPONENT: "operator", LABEL_APP_PART_OF: APP_NAME}
     return [
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
          "metadata": {"name": name, "labels": labels}, "rules": rbac.cluster_role_rules()},
@@ -414,14 +414,16 @@ def generated_files() -> dict[Path, str]:
     return files
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m kubetrt.operators.crds", description=__doc__)
+def generator_cli(prog: str, description: str | None, files: Mapping[Path, str], root: Path,
+                  argv: list[str] | None = None) -> int:
+    """``--write`` / ``--check`` over generated files: the one CLI of every generator in this package."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     mode = parser.add_mutually_exclusive_group(required=True)
-    mode.add_argument("--write", action="store_true", help="write the generated CRD YAML files")
+    mode.add_argument("--write", action="store_true", help="write the generated files")
     mode.add_argument("--check", action="store_true", help="exit 1 if a generated file is missing or stale")
     args = parser.parse_args(argv)
     stale = []
-    for path, content in generated_files().items():
+    for path, content in files.items():
         current = path.read_text() if path.exists() else None
         if current != content:
             stale.append(path)
@@ -429,8 +431,12 @@ def main(argv: list[str] | None = None) -> int:
                 path.parent.mkdir(parents=True, exist_ok=True)
                 path.write_text(content)
     for path in stale:
-        print(f"{'wrote' if args.write else 'stale'}: {path.relative_to(REPO_ROOT)}")
+        print(f"{'wrote' if args.write else 'stale'}: {path.relative_to(root)}")
     return 1 if (stale and args.check) else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return generator_cli("python -m kubetrt.operators.crds", __doc__, generated_files(), REPO_ROOT, argv)
 
 
 if __name__ == "__main__":

@@ -15,13 +15,15 @@ from typing import Any, Mapping
 
 import kopf
 
-from kubetrt.operators import crds, objects, sync
+from kubetrt.operators import objects, sync
 from kubetrt.operators.kube import KubeClient
+from kubetrt.operators.names import (ENV_POD_NAME, FINALIZER, GROUP, PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS,
+                                     VERSION)
 from kubetrt.operators.objects import OperatorConfig
 
 log = logging.getLogger("kubetrt.operators")
-MD = (crds.GROUP, crds.VERSION, "modeldeployments")
-EB = (crds.GROUP, crds.VERSION, "enginebuilds")
+MD = (GROUP, VERSION, PLURAL_MODEL_DEPLOYMENTS)
+EB = (GROUP, VERSION, PLURAL_ENGINE_BUILDS)
 MANAGED = {"app.kubernetes.io/managed-by": objects.MANAGED_BY}
 
 
@@ -34,13 +36,13 @@ def peering_priority(env: Mapping[str, str] | None = None) -> int:
     env = os.environ if env is None else env
     if env.get("KUBETRT_PEERING_PRIORITY"):
         return int(env["KUBETRT_PEERING_PRIORITY"])
-    ident = env.get("POD_NAME") or env.get("HOSTNAME") or "kubetrt"
+    ident = env.get(ENV_POD_NAME) or env.get("HOSTNAME") or "kubetrt"
     return int(hashlib.sha256(ident.encode()).hexdigest()[:7], 16) % 100_000
 
 
 def _owner(meta: Mapping[str, Any], kind: str) -> str | None:
     for ref in meta.get("ownerReferences") or []:
-        if ref.get("kind") == kind and str(ref.get("apiVersion", "")).startswith(crds.GROUP + "/"):
+        if ref.get("kind") == kind and str(ref.get("apiVersion", "")).startswith(GROUP + "/"):
             return str(ref["name"])
     return None
 
@@ -52,7 +54,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
         settings.posting.level = logging.WARNING  # k8s Events only for problems: quiet by default
         settings.peering.priority = peering_priority()
-        settings.persistence.finalizer = "kubetrt.io/operator"
+        settings.persistence.finalizer = FINALIZER
         if "config" not in memo:
             memo.config = OperatorConfig.from_env()
         if "kube" not in memo:

@@ -11,12 +11,15 @@ from typing import Any, Mapping
 
 import kubernetes
 
+from kubetrt.operators.names import (API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT, PLURAL_ENGINE_BUILDS,
+                                     PLURAL_MODEL_DEPLOYMENTS)
+
 log = logging.getLogger("kubetrt.operators.kube")
 
 # (apiVersion, kind) -> plural. Core-group kinds live under /api, the rest under /apis.
 RESOURCES: dict[tuple[str, str], str] = {
-    ("kubetrt.io/v1alpha1", "ModelDeployment"): "modeldeployments",
-    ("kubetrt.io/v1alpha1", "EngineBuild"): "enginebuilds",
+    (API_VERSION, KIND_MODEL_DEPLOYMENT): PLURAL_MODEL_DEPLOYMENTS,
+    (API_VERSION, KIND_ENGINE_BUILD): PLURAL_ENGINE_BUILDS,
     ("apps/v1", "Deployment"): "deployments",
     ("batch/v1", "Job"): "jobs",
     ("v1", "Service"): "services",

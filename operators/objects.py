@@ -14,20 +14,24 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kubetrt.operators import crds
+from kubetrt.operators.names import (  # noqa: F401 - re-exported: the operator's modules and tests use them here
+    ANN_ENGINE_BUILD,
+    ANN_ENGINE_KEY,
+    ANN_SPEC_HASH,
+    GPU_PRODUCT_LABEL,
+    GPU_RESOURCE,
+    GPU_TAINT_EFFECT,
+    GPU_TAINT_KEY,
+    LABEL_BUILD,
+    LABEL_MD,
+    LABEL_TARGET,
+    MANAGED_BY,
+    SERVING_PORT,
+    dns_label,
+)
 
-GPU_RESOURCE = "nvidia.com/gpu"
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-SERVING_PORT = 8080
 TERMINATION_LOG = "/dev/termination-log"  # the build writes its JSON result here (--termination-log)
 CACHE_DIR = "/var/cache/kubetrt"  # emptyDir where serving pods assemble package + engine
-MANAGED_BY = "kubetrt-operator"
-
-LABEL_MD = "kubetrt.io/model-deployment"
-LABEL_TARGET = "kubetrt.io/target"
-LABEL_BUILD = "kubetrt.io/engine-build"
-ANN_ENGINE_KEY = "kubetrt.io/engine-key"
-ANN_ENGINE_BUILD = "kubetrt.io/engine-build"
-ANN_SPEC_HASH = "kubetrt.io/spec-hash"
 
 Obj = dict[str, Any]
 
@@ -60,18 +64,6 @@ def stable_hash(value: Any, length: int = 10) -> str:
     """Short content hash of a JSON-able value (canonical JSON, so key order does not matter)."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:length]
-
-
-def dns_label(*parts: str, max_len: int = 63) -> str:
-    """Join parts into a valid DNS-1035 label; too-long names keep a hash suffix to stay unique."""
-    raw = "-".join(p.strip("-").lower() for p in parts if p)
-    clean = "".join(c if (c.isalnum() or c == "-") else "-" for c in raw).strip("-")
-    if not clean or not clean[0].isalpha():
-        clean = "x-" + clean
-    if len(clean) > max_len:
-        suffix = stable_hash(raw, 8)
-        clean = clean[: max_len - 9].rstrip("-") + "-" + suffix
-    return clean
 
 
 def deployment_name(md_name: str, target_name: str) -> str:
@@ -197,7 +189,7 @@ def _pinning(target: Mapping[str, Any]) -> Obj:
         return {"nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": [], "gpu_limit": {}}
     return {
         "nodeSelector": {"kubernetes.io/os": "linux", GPU_PRODUCT_LABEL: target["gpuProduct"]},
-        "tolerations": [{"key": GPU_RESOURCE, "operator": "Exists", "effect": "NoSchedule"}],
+        "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}],
         "gpu_limit": {GPU_RESOURCE: str(target.get("gpus", 1))},
     }
 

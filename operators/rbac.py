@@ -8,14 +8,16 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubetrt.operators.names import GROUP, PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS
+
 # (apiGroup, resource, verbs, why)
 RULES: list[tuple[str, str, list[str], str]] = [
-    ("kubetrt.io", "modeldeployments", ["get", "list", "watch", "patch"],
+    (GROUP, PLURAL_MODEL_DEPLOYMENTS, ["get", "list", "watch", "patch"],
      "watched by kopf; read by the reconciler; kopf patches its finalizer and annotations"),
-    ("kubetrt.io", "modeldeployments/status", ["patch"], "status conditions"),
-    ("kubetrt.io", "enginebuilds", ["get", "list", "watch", "create", "delete", "patch"],
+    (GROUP, f"{PLURAL_MODEL_DEPLOYMENTS}/status", ["patch"], "status conditions"),
+    (GROUP, PLURAL_ENGINE_BUILDS, ["get", "list", "watch", "create", "delete", "patch"],
      "one per target and engine identity; superseded ones are deleted"),
-    ("kubetrt.io", "enginebuilds/status", ["patch"], "build phase and engine key"),
+    (GROUP, f"{PLURAL_ENGINE_BUILDS}/status", ["patch"], "build phase and engine key"),
     ("batch", "jobs", ["get", "list", "watch", "create"], "the build Job of an EngineBuild"),
     ("", "pods", ["list"], "the build pod's termination message carries the build result"),
     ("apps", "deployments", ["list", "watch", "create", "update", "delete"], "serving Deployments"),

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from kubetrt.operators import objects, status
+from kubetrt.operators.names import API_VERSION, KIND_ENGINE_BUILD
 from kubetrt.operators.objects import Obj, OperatorConfig
 
 
@@ -111,7 +112,7 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
     if needs_apply(svc, observed.services.get(svc["metadata"]["name"])):
         plan.apply.append(svc)
 
-    plan.delete += [("kubetrt.io/v1alpha1", "EngineBuild", n) for n in sorted(observed.engine_builds)
+    plan.delete += [(API_VERSION, KIND_ENGINE_BUILD, n) for n in sorted(observed.engine_builds)
                     if n not in keep_builds]
     plan.delete += [("apps/v1", "Deployment", n) for n in sorted(observed.deployments) if n not in keep_deployments]
     plan.delete += [("autoscaling/v2", "HorizontalPodAutoscaler", n) for n in sorted(observed.autoscalers)

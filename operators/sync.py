@@ -15,11 +15,12 @@ import kubernetes
 
 from kubetrt.operators import objects, reconcile
 from kubetrt.operators.kube import KubeClient
+from kubetrt.operators.names import API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT
 from kubetrt.operators.objects import OperatorConfig
 
 log = logging.getLogger("kubetrt.operators.sync")
-MD = ("kubetrt.io/v1alpha1", "ModelDeployment")
-EB = ("kubetrt.io/v1alpha1", "EngineBuild")
+MD = (API_VERSION, KIND_MODEL_DEPLOYMENT)
+EB = (API_VERSION, KIND_ENGINE_BUILD)
 
 _locks: defaultdict[tuple[str, str, str], threading.Lock] = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()

@@ -22,6 +22,7 @@ from typing import Any, Callable
 import numpy as np
 
 from kubetrt import progress
+from kubetrt.operators.names import ANN_VERIFIED_ENGINES
 
 OIP_DATATYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "bool": "BOOL", "float16": "FP16", "int8": "INT8"}
 
@@ -175,7 +176,7 @@ def run_demo(
         with progress.step("running the pipeline stages in-process"):
             deployment = run_pipeline(savedmodel, store_uri, ["host"], workdir / "stages").deployment
     (workdir / "modeldeployment.yaml").write_text(_yaml(deployment))
-    engines_by_target = json.loads(deployment["metadata"]["annotations"]["kubetrt.io/verified-engines"])
+    engines_by_target = json.loads(deployment["metadata"]["annotations"][ANN_VERIFIED_ENGINES])
     key = next(iter(engines_by_target.values()))
     source = ServableSource(deployment["spec"]["model"]["source"]["uri"], deployment["spec"]["store"]["uri"], key)
     cache = workdir / "cache"

@@ -9,25 +9,11 @@ annotations: the operator's EngineBuilds then find them in the store and reuse t
 from __future__ import annotations
 
 import json
-import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
-GROUP = "kubetrt.io"
-API_VERSION = f"{GROUP}/v1alpha1"
-KIND = "ModelDeployment"
-ANN_ENGINES = f"{GROUP}/verified-engines"
-ANN_MODEL_DIGEST = f"{GROUP}/model-digest"
-
-
-def dns_label(text: str, max_len: int = 63) -> str:
-    """Lower-case DNS label from free text (model names, GPU products), or ValueError if nothing is left."""
-    label = re.sub(r"[^a-z0-9-]+", "-", text.lower()).strip("-")[:max_len].strip("-")
-    if not label or not label[0].isalpha():
-        label = ("m-" + label)[:max_len].strip("-")
-    if not label:
-        raise ValueError(f"{text!r}: cannot derive a DNS label (expected letters or digits)")
-    return label
+from kubetrt.operators.names import (ANN_MODEL_DIGEST, ANN_VERIFIED_ENGINES, API_VERSION, GROUP, KIND_MODEL_DEPLOYMENT,
+                                     PLURAL_MODEL_DEPLOYMENTS, TARGET_NAME_MAX, VERSION, dns_label)
 
 
 def store_uri_for_cluster(uri: str) -> str:
@@ -36,13 +22,13 @@ def store_uri_for_cluster(uri: str) -> str:
 
 
 def target_name(record: Mapping[str, Any], taken: set[str]) -> str:
-    base = "cpu" if record["gpu_product"] == "cpu" else dns_label(record["gpu_product"], 30)
+    base = "cpu" if record["gpu_product"] == "cpu" else dns_label(record["gpu_product"], max_len=TARGET_NAME_MAX)
     name = base
     if name in taken:
-        name = dns_label(f"{base[:24]}-{record['precision']}", 30)
+        name = dns_label(base[:24], record["precision"], max_len=TARGET_NAME_MAX)
     i = 2
     while name in taken:
-        name = dns_label(f"{base[:26]}-{i}", 30)
+        name = dns_label(base[:26], str(i), max_len=TARGET_NAME_MAX)
         i += 1
     taken.add(name)
     return name
@@ -88,13 +74,13 @@ def model_deployment(
     name = dns_label(model_name)
     return {
         "apiVersion": API_VERSION,
-        "kind": KIND,
+        "kind": KIND_MODEL_DEPLOYMENT,
         "metadata": {
             "name": name,
             **({"namespace": namespace} if namespace else {}),
             "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "kubetrt-pipeline"},
             "annotations": {
-                ANN_ENGINES: json.dumps(engines_ann, sort_keys=True),
+                ANN_VERIFIED_ENGINES: json.dumps(engines_ann, sort_keys=True),
                 ANN_MODEL_DIGEST: digests.pop(),
             },
         },
@@ -143,7 +129,7 @@ def apply_model_deployment(resource: Mapping[str, Any], namespace: str = "defaul
     api = client.CustomObjectsApi()
     ns = resource["metadata"].get("namespace", namespace)
     name = resource["metadata"]["name"]
-    args = (GROUP, API_VERSION.split("/")[1], ns, "modeldeployments")
+    args = (GROUP, VERSION, ns, PLURAL_MODEL_DEPLOYMENTS)
     try:
         current = api.get_namespaced_custom_object(*args, name)
         body = dict(resource, metadata=dict(resource["metadata"], resourceVersion=current["metadata"]["resourceVersion"]))

@@ -27,7 +27,7 @@ from typing import Any, Iterator, List, NamedTuple, Sequence
 from kfp import dsl, kubernetes
 from kfp.dsl import Artifact, Input, Model, Output
 
-from kubetrt.pipeline.targets import GPU_RESOURCE
+from kubetrt.operators.names import GPU_RESOURCE, GPU_TAINT_EFFECT, GPU_TAINT_KEY
 
 DEFAULT_IMAGE = "ghcr.io/kubetrt/kubetrt:0.1.0"
 PIPELINE_NAME = "kubetrt-optimize"
@@ -154,7 +154,7 @@ def _on_node(task: dsl.PipelineTask, plan: dsl.PipelineTask, image: Any) -> dsl.
     """Pin a loop task to the target's GPU product (values from the plan task, see module doc)."""
     task.set_container_image(image)
     kubernetes.add_node_selector_json(task, plan.outputs["node_selector"])
-    kubernetes.add_toleration(task, key=GPU_RESOURCE, operator="Exists", effect="NoSchedule")
+    kubernetes.add_toleration(task, key=GPU_TAINT_KEY, operator="Exists", effect=GPU_TAINT_EFFECT)
     task.set_accelerator_type(GPU_RESOURCE)
     task.set_accelerator_limit(plan.outputs["gpus"])
     return task

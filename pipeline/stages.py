@@ -17,6 +17,7 @@ from typing import Any, Iterable
 
 from kubetrt import progress
 from kubetrt.logs import log
+from kubetrt.operators.names import GPU_PRODUCT_LABEL
 from kubetrt.pipeline.sources import fetch_model
 from kubetrt.pipeline.store import (
     EngineStore,
@@ -119,7 +120,7 @@ def resolve_on_node(target: Target, identity: tuple[str, str | None, str] | None
         have = "no GPU (cpu only)" if product == "cpu" else f"GPU {product}"
         raise TargetError(
             f"cannot build target {target.spec()} here: this node has {have}, the target wants "
-            f"{target.gpu_product}; run the build on a node labelled nvidia.com/gpu.product={target.gpu_product}"
+            f"{target.gpu_product}; run the build on a node labelled {GPU_PRODUCT_LABEL}={target.gpu_product}"
         )
     return target.resolve(cc, version)
 

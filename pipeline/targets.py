@@ -10,10 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from kubetrt.operators.names import GPU_PRODUCT_LABEL, GPU_RESOURCE  # noqa: F401  (targets.GPU_* stay importable)
 from kubetrt.runtime.target import CPU_PRODUCT, BatchProfile, Target, TargetError, parse_target
 
-GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
-GPU_RESOURCE = "nvidia.com/gpu"
 _KV_KEYS = {"name", "backend", "gpu-product", "cpu", "precision", "batch", "max-batch"}
 
 

@@ -1,6 +1,7 @@
 """Install artifacts: helm lint/template with a real helm binary, kubernetes-validate --strict, values schema."""
 from __future__ import annotations
 
+import copy
 import os
 import subprocess
 from pathlib import Path
@@ -10,7 +11,8 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from kubetrt.operators import crds, rbac
+from kubetrt.operators import crds, handlers, install, rbac
+from kubetrt.operators.objects import OperatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "kubetrt"
@@ -100,3 +102,105 @@ def test_get_helm_script_is_idempotent(helm: str) -> None:
     res = subprocess.run([str(REPO / "scripts" / "get-helm.sh"), str(Path(helm).parent)], capture_output=True,
                          text=True, timeout=60)
     assert res.returncode == 0 and res.stdout.strip() == helm, res.stderr
+
+
+# ----------------------------------------------------------------------------- operator Deployment (install.py)
+# What helm renders and the plain manifests do not have, by design: helm's release labels (and the
+# release instance in the selector, so two releases do not select each other's pods).
+HELM_RELEASE_LABELS = {"app.kubernetes.io/instance", "app.kubernetes.io/managed-by", "helm.sh/chart"}
+HELM_ONLY_LABELS: dict[tuple[str, ...], set[str]] = {
+    ("metadata", "labels"): HELM_RELEASE_LABELS,
+    ("spec", "template", "metadata", "labels"): HELM_RELEASE_LABELS,
+    ("spec", "selector", "matchLabels"): {"app.kubernetes.io/instance"},
+}
+
+
+def render_deployment(helm: str, *args: str) -> dict[str, Any]:
+    res = run(helm, "template", "kubetrt", str(CHART), "--namespace", "kubetrt-system",
+              "--show-only", "templates/deployment.yaml", *args)
+    assert res.returncode == 0, res.stderr
+    assert "GENERATED" not in res.stdout  # the template's header is a Helm comment
+    return yaml.safe_load(res.stdout)
+
+
+def without_helm_only_labels(dep: dict[str, Any]) -> dict[str, Any]:
+    """``dep`` minus HELM_ONLY_LABELS, each of which must be there."""
+    out = copy.deepcopy(dep)
+    for path, keys in HELM_ONLY_LABELS.items():
+        labels = out
+        for key in path:
+            labels = labels[key]
+        assert keys <= set(labels), (path, labels)
+        for key in keys:
+            del labels[key]
+    return out
+
+
+def test_generated_operator_files_match_the_python_source_of_truth() -> None:
+    files = install.generated_files()
+    assert set(files) == {REPO / "manifests/05-operator.yaml", CHART / "templates/deployment.yaml"}
+    stale = [str(p) for p, content in files.items() if not p.exists() or p.read_text() != content]
+    assert not stale, f"regenerate with `python -m kubetrt.operators.install --write`: {stale}"
+    assert install.main(["--check"]) == 0
+
+
+def test_default_chart_renders_the_manifest_deployment(helm: str) -> None:
+    manifest = [d for d in yaml.safe_load_all((REPO / "manifests/05-operator.yaml").read_text()) if d]
+    assert [d["kind"] for d in manifest] == ["Deployment"]
+    assert without_helm_only_labels(render_deployment(helm)) == manifest[0] == install.default_deployment()
+
+
+def test_chart_values_reach_the_rendered_deployment(helm: str, tmp_path: Path) -> None:
+    values, app_version = install.chart_defaults()
+    values["image"]["operator"]["tag"] = "1.2.3"
+    values["image"]["serving"] = {"repository": "registry.example/kubetrt/serving", "tag": "2.0.0"}
+    values["image"]["pullPolicy"] = "Always"
+    values["replicaCount"] = 2
+    values["peering"]["name"] = "team-a"
+    values["operator"].update(jobTTLSeconds=600, clusterDomain="corp.internal", logFormat="plain")
+    values["serviceAccount"] = {"create": True, "name": "custom-sa", "annotations": {}}
+    values["resources"]["limits"] = {"cpu": "1", "memory": "1Gi"}  # helm merges maps: keep the full tree
+    values.update(
+        podAnnotations={"example.com/team": "ml"},
+        imagePullSecrets=[{"name": "regcred"}],
+        nodeSelector={"kubernetes.io/os": "linux"},
+        tolerations=[{"key": "dedicated", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+        affinity={"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]}]}]}}},
+    )
+    values_file = tmp_path / "values.yaml"
+    values_file.write_text(yaml.safe_dump(values))
+    rendered = render_deployment(helm, "-f", str(values_file))
+    kubernetes_validate.validate(rendered, K8S_VERSION, strict=True)
+    assert without_helm_only_labels(rendered) == install.operator_deployment(
+        **install.settings_from_values(values, app_version))
+
+    pod = rendered["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in c["env"]}
+    assert c["image"] == "ghcr.io/kubetrt/operator:1.2.3" and c["imagePullPolicy"] == "Always"
+    assert env["KUBETRT_SERVING_IMAGE"] == "registry.example/kubetrt/serving:2.0.0"
+    assert env["KUBETRT_JOB_TTL_SECONDS"] == "600" and env["KUBETRT_CLUSTER_DOMAIN"] == "corp.internal"
+    assert "--peering=team-a" in c["args"] and "--log-format=plain" in c["args"]
+    assert rendered["spec"]["replicas"] == 2 and pod["serviceAccountName"] == "custom-sa"
+    assert c["resources"] == values["resources"] and pod["imagePullSecrets"] == [{"name": "regcred"}]
+    assert pod["nodeSelector"] == values["nodeSelector"] and pod["tolerations"] == values["tolerations"]
+    assert pod["affinity"] == values["affinity"]
+    assert rendered["spec"]["template"]["metadata"]["annotations"] == {"example.com/team": "ml"}
+
+    res = run(helm, "template", "kubetrt", str(CHART), "--show-only", "templates/deployment.yaml",
+              "--set", "image.operator.tag=4.5.6")
+    assert yaml.safe_load(res.stdout)["spec"]["template"]["spec"]["containers"][0]["image"].endswith(":4.5.6")
+
+
+def test_every_env_var_of_the_operator_is_read_by_its_code() -> None:
+    dep = install.default_deployment()
+    env = {e["name"]: e.get("value") for e in dep["spec"]["template"]["spec"]["containers"][0]["env"]}
+    config = OperatorConfig.from_env({k: v for k, v in env.items() if v is not None})
+    assert config == OperatorConfig(), "the chart's defaults and the operator's built-in defaults differ"
+    for name in env:
+        if name == "POD_NAME":  # kopf peering: each replica's priority
+            assert handlers.peering_priority({name: "a"}) != handlers.peering_priority({name: "b"})
+            continue
+        changed = OperatorConfig.from_env({name: "12345"})
+        assert changed != OperatorConfig(), f"{name} is set by the Deployment but read by nothing"

@@ -1,0 +1,105 @@
+"""Kubernetes names kubetrt spells in more than one place: the kubetrt.io API, its label and
+annotation keys, GPU Feature Discovery labels, and the one rule that turns free text into a
+DNS label.
+
+The pipeline and the serving pods import this module too, so it imports the standard library only
+(never kopf, kubernetes or yaml).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+
+# ----------------------------------------------------------------------------- the kubetrt.io API
+GROUP = "kubetrt.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+
+KIND_MODEL_DEPLOYMENT = "ModelDeployment"
+KIND_ENGINE_BUILD = "EngineBuild"
+PLURAL_MODEL_DEPLOYMENTS = "modeldeployments"
+PLURAL_ENGINE_BUILDS = "enginebuilds"
+
+# ----------------------------------------------------------------------------- labels and annotations
+LABEL_MD = f"{GROUP}/model-deployment"
+LABEL_TARGET = f"{GROUP}/target"
+LABEL_BUILD = f"{GROUP}/engine-build"
+ANN_ENGINE_KEY = f"{GROUP}/engine-key"
+ANN_ENGINE_BUILD = f"{GROUP}/engine-build"
+ANN_SPEC_HASH = f"{GROUP}/spec-hash"
+# Set by the pipeline on the ModelDeployment it emits: engines it verified, and the model they came from.
+ANN_VERIFIED_ENGINES = f"{GROUP}/verified-engines"
+ANN_MODEL_DIGEST = f"{GROUP}/model-digest"
+FINALIZER = f"{GROUP}/operator"
+
+# Kubernetes' recommended labels, and the values kubetrt gives them.
+LABEL_APP_NAME = "app.kubernetes.io/name"
+LABEL_APP_INSTANCE = "app.kubernetes.io/instance"
+LABEL_APP_VERSION = "app.kubernetes.io/version"
+LABEL_APP_COMPONENT = "app.kubernetes.io/component"
+LABEL_APP_PART_OF = "app.kubernetes.io/part-of"
+LABEL_APP_MANAGED_BY = "app.kubernetes.io/managed-by"
+APP_NAME = "kubetrt"
+MANAGED_BY = "kubetrt-operator"  # managed-by value of everything the operator creates
+
+# The plain manifests' install: the chart derives both from its release instead.
+OPERATOR_NAME = "kubetrt-operator"
+OPERATOR_NAMESPACE = "kubetrt-system"
+
+# ----------------------------------------------------------------------------- operator settings (env)
+# Written by the operator Deployment (operators/install.py), read by OperatorConfig.from_env.
+ENV_SERVING_IMAGE = "KUBETRT_SERVING_IMAGE"
+ENV_BUILDER_IMAGE = "KUBETRT_BUILDER_IMAGE"
+ENV_IMAGE_PULL_POLICY = "KUBETRT_IMAGE_PULL_POLICY"
+ENV_JOB_TTL_SECONDS = "KUBETRT_JOB_TTL_SECONDS"
+ENV_CLUSTER_DOMAIN = "KUBETRT_CLUSTER_DOMAIN"
+ENV_POD_NAME = "POD_NAME"  # kopf peering priority of each operator replica
+
+# ----------------------------------------------------------------------------- GPUs
+# The NVIDIA device plugin's resource; GPU nodes are commonly tainted with the same key.
+GPU_RESOURCE = "nvidia.com/gpu"
+GPU_TAINT_KEY = GPU_RESOURCE
+GPU_TAINT_EFFECT = "NoSchedule"
+# GPU Feature Discovery node labels: engines are bound to the product (and its compute capability).
+GPU_PRODUCT_LABEL = "nvidia.com/gpu.product"
+GPU_COMPUTE_MAJOR_LABEL = "nvidia.com/gpu.compute.major"
+GPU_COMPUTE_MINOR_LABEL = "nvidia.com/gpu.compute.minor"
+GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
+
+# The HTTP port serving pods listen on and their Service exposes.
+SERVING_PORT = 8080
+
+# ----------------------------------------------------------------------------- DNS labels
+# DNS-1035 labels: what Service names (and kubetrt's other derived names) must be.
+DNS_LABEL_MAX = 63
+DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
+# Target names become suffixes of Deployment names (<model-deployment>-<target>), hence shorter.
+TARGET_NAME_MAX = 30
+_HASH_LEN = 8
+_MIN_LEN = 1 + 1 + _HASH_LEN  # a letter, a dash, the hash: the shortest label that can keep a hash
+_INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def dns_label(*parts: str, max_len: int = DNS_LABEL_MAX) -> str:
+    """Join ``parts`` into a DNS label, the form Service and Deployment names need.
+
+    Lower-cases, replaces each run of other characters by a dash, prefixes ``x-`` where the
+    result would not start with a letter. A result longer than ``max_len`` keeps a hash of the
+    whole input as its suffix, so distinct long inputs stay distinct. The same input always
+    gives the same label, and valid Kubernetes names give what earlier releases gave, so objects
+    named by it keep their names. Raises ValueError when no letter or digit is left.
+    """
+    if not _MIN_LEN <= max_len <= DNS_LABEL_MAX:
+        raise ValueError(f"max_len={max_len}: expected {_MIN_LEN}..{DNS_LABEL_MAX}")
+    raw = "-".join(p.strip("-").lower() for p in parts if p)
+    clean = _INVALID.sub("-", raw).strip("-")
+    if not clean:
+        raise ValueError(f"{parts!r}: cannot derive a DNS label (expected letters or digits)")
+    if not "a" <= clean[0] <= "z":
+        clean = "x-" + clean
+    if len(clean) > max_len:
+        # The hash of the JSON string, as the operator has always computed it: names stay stable.
+        suffix = hashlib.sha256(json.dumps(raw).encode()).hexdigest()[:_HASH_LEN]
+        clean = clean[: max_len - _HASH_LEN - 1].rstrip("-") + "-" + suffix
+    return clean

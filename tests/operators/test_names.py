@@ -1,0 +1,106 @@
+"""operators/names.py: one dns_label for every derived name, accepted by the CRD schema; stdlib only."""
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kubetrt.operators import crds, names
+from kubetrt.operators.names import DNS_LABEL_MAX, DNS_LABEL_PATTERN, TARGET_NAME_MAX, dns_label
+
+from operator_testlib import md_body
+
+ODD = ["My Model", "ResNet50_v1.5", "9lives", "--edge--", "Ünïcode naïve", "a..b", "  spaced  out ",
+       "NVIDIA-A100-SXM4-80GB-MIG-1g.10gb", "x" * 200, "0" * 70, "UPPER/lower:mixed@1"]
+
+
+def valid(label: str, max_len: int = DNS_LABEL_MAX) -> bool:
+    return bool(re.fullmatch(DNS_LABEL_PATTERN, label)) and len(label) <= max_len
+
+
+@pytest.mark.parametrize("text", ODD)
+@pytest.mark.parametrize("max_len", [TARGET_NAME_MAX, DNS_LABEL_MAX])
+def test_odd_inputs_give_valid_labels(text: str, max_len: int) -> None:
+    assert valid(dns_label(text, max_len=max_len), max_len)
+    assert valid(dns_label(text, "target", max_len=max_len), max_len)
+
+
+def test_labels_are_readable_and_stable() -> None:
+    assert dns_label("NVIDIA-H100-80GB-HBM3") == "nvidia-h100-80gb-hbm3"
+    assert dns_label("resnet", "h100") == "resnet-h100"
+    assert dns_label("My Model!") == "my-model"
+    assert dns_label("9lives") == "x-9lives"
+    assert dns_label("model.v2") == "model-v2"
+    # Pinned: the operator names live objects with it, so a new release must give the same names.
+    assert dns_label("m" * 80, "target") == "m" * 54 + "-ddbef252"
+    assert dns_label("m" * 80, "target") == dns_label("m" * 80, "target")
+
+
+def test_long_names_stay_unique() -> None:
+    base = "a-very-long-model-deployment-name-that-needs-shortening"
+    labels = {dns_label(base, f"target-{i}") for i in range(500)}
+    assert len(labels) == 500 and all(valid(label) for label in labels)
+    # Inputs that clean to the same text still differ by their hash.
+    assert dns_label("a_" * 40, max_len=TARGET_NAME_MAX) != dns_label("a." * 40, max_len=TARGET_NAME_MAX)
+    assert len(dns_label("z" * 100, max_len=TARGET_NAME_MAX)) == TARGET_NAME_MAX
+
+
+@pytest.mark.parametrize("parts", [(), ("",), ("---",), ("!!!", "..."), ("ÜÖ",)])
+def test_nothing_usable_raises_naming_the_input(parts: tuple[str, ...]) -> None:
+    with pytest.raises(ValueError, match=re.escape(repr(parts))):
+        dns_label(*parts)
+
+
+@pytest.mark.parametrize("max_len", [0, 5, DNS_LABEL_MAX + 1])
+def test_max_len_out_of_range_raises(max_len: int) -> None:
+    with pytest.raises(ValueError, match="max_len"):
+        dns_label("model", max_len=max_len)
+
+
+@given(st.lists(st.text(max_size=80), min_size=1, max_size=3), st.integers(10, DNS_LABEL_MAX))
+def test_any_input_gives_a_valid_label_or_value_error(parts: list[str], max_len: int) -> None:
+    usable = re.search(r"[a-z0-9]", "".join(p.lower() for p in parts))
+    try:
+        label = dns_label(*parts, max_len=max_len)
+    except ValueError:
+        assert not usable
+    else:
+        assert usable and valid(label, max_len)
+
+
+def test_crd_schema_accepts_what_dns_label_produces() -> None:
+    schema = crds.object_schema(crds.model_deployment_crd())
+    target_schema = schema["properties"]["spec"]["properties"]["targets"]["items"]["properties"]["name"]
+    assert target_schema["pattern"] == DNS_LABEL_PATTERN and target_schema["maxLength"] == TARGET_NAME_MAX
+    validator = jsonschema.Draft7Validator(schema)
+    for text in ODD:
+        body = md_body()
+        body["spec"]["model"]["name"] = dns_label(text)
+        body["spec"]["targets"][0]["name"] = dns_label(text, max_len=TARGET_NAME_MAX)
+        validator.validate(body)
+
+
+def test_names_imports_the_standard_library_only() -> None:
+    tree = ast.parse(Path(names.__file__).read_text())
+    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}, imported
+    code = "import sys, kubetrt.operators.names; print(sorted({'kopf', 'kubernetes', 'yaml'} & set(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+
+
+def test_crds_and_pipeline_spell_the_api_through_names() -> None:
+    from kubetrt.pipeline import deploy, targets
+
+    assert crds.GROUP == deploy.GROUP == names.GROUP and crds.API_VERSION == deploy.API_VERSION == names.API_VERSION
+    assert crds.model_deployment_crd()["metadata"]["name"] == f"{names.PLURAL_MODEL_DEPLOYMENTS}.{names.GROUP}"
+    assert targets.GPU_PRODUCT_LABEL == names.GPU_PRODUCT_LABEL and targets.GPU_RESOURCE == names.GPU_RESOURCE
+    assert deploy.dns_label is dns_label
