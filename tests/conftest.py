@@ -53,3 +53,18 @@ class MarkedZoo:
 def zoo(model_zoo: Zoo, request: pytest.FixtureRequest) -> MarkedZoo:
     return MarkedZoo(model_zoo, request.node)
 
+
+
+@pytest.fixture(scope="session")
+def published_cnn(model_zoo: Zoo, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, str, str]:
+    """(store root, package URI, host engine key): the small CNN as the pipeline leaves it in a
+    file:// engine store (package published, host engine built, verified and published)."""
+    from kubetrt.pipeline.stages import build_verify_publish
+    from kubetrt.pipeline.store import open_store
+
+    root = tmp_path_factory.mktemp("store")
+    store = open_store(root)
+    package = model_zoo.package("small_cnn")
+    digest = store.publish_package(package)
+    key = build_verify_publish(package, "host", store, tmp_path_factory.mktemp("build")).key
+    return root, "file://" + store.package_uri(digest), key

@@ -9,21 +9,22 @@ import numpy as np
 import pytest
 
 from kubetrt.pipeline.servable import ServableError, ServableSource, resolve_servable
-from kubetrt.pipeline.stages import build_verify_publish
 from kubetrt.pipeline.store import S3Store, StoreError, model_digest, open_store
 from kubetrt.runtime import load_model
 from kubetrt.runtime.package import load_golden, open_package
 
 
-@pytest.fixture(scope="module")
-def published(model_zoo, tmp_path_factory) -> tuple[Path, str, str]:
-    """(store root, package URI in the store, engine key): what the pipeline leaves behind."""
-    root = tmp_path_factory.mktemp("store")
-    store = open_store(root)
-    package = model_zoo.package("small_cnn")
-    digest = store.publish_package(package)
-    record = build_verify_publish(package, "host", store, tmp_path_factory.mktemp("build"))
-    return root, "file://" + store.package_uri(digest), record.key
+@pytest.fixture
+def published(published_cnn: tuple[Path, str, str]) -> tuple[Path, str, str]:
+    return published_cnn
+
+
+def copied_store(root: Path, tmp_path: Path, key: str) -> tuple[Path, str, Path]:
+    """(a copy of the store to damage, its model digest, the engine's report.json in it)."""
+    other = tmp_path / "store"
+    shutil.copytree(root, other)
+    digest = next(p.name for p in other.iterdir())
+    return other, digest, other / digest / key / "report.json"
 
 
 def test_package_and_engine_from_a_file_store_load_and_match_tensorflow(published, tmp_path: Path) -> None:
@@ -63,10 +64,7 @@ def test_a_key_the_store_lacks_is_named_with_what_it_has(published, tmp_path: Pa
 
 def test_an_engine_built_for_another_node_type_is_refused(published, tmp_path: Path) -> None:
     root, package_uri, key = published
-    other = tmp_path / "store"
-    shutil.copytree(root, other)
-    digest = next(p.name for p in other.iterdir())
-    report_path = other / digest / key / "report.json"
+    other, digest, report_path = copied_store(root, tmp_path, key)
     report = json.loads(report_path.read_text())
     report["target"]["backend_version"] = "numpy0.1-sparc"  # built elsewhere, published under its own key
     fake_key = key.replace("x86_64", "sparc")
@@ -78,10 +76,7 @@ def test_an_engine_built_for_another_node_type_is_refused(published, tmp_path: P
 
 def test_a_gpu_engine_on_a_node_without_that_gpu_is_refused(published, tmp_path: Path) -> None:
     root, package_uri, key = published
-    other = tmp_path / "store"
-    shutil.copytree(root, other)
-    digest = next(p.name for p in other.iterdir())
-    report_path = other / digest / key / "report.json"
+    other, digest, report_path = copied_store(root, tmp_path, key)
     report = json.loads(report_path.read_text())
     report["target"].update(backend="tensorrt", gpu_product="NVIDIA-H100-80GB-HBM3")
     report_path.write_text(json.dumps(report))
@@ -91,10 +86,8 @@ def test_a_gpu_engine_on_a_node_without_that_gpu_is_refused(published, tmp_path:
 
 def test_a_tampered_engine_file_in_the_store_is_refused(published, tmp_path: Path) -> None:
     root, package_uri, key = published
-    other = tmp_path / "store"
-    shutil.copytree(root, other)
-    digest = next(p.name for p in other.iterdir())
-    engine_json = other / digest / key / "engine.json"
+    other, digest, report_path = copied_store(root, tmp_path, key)
+    engine_json = report_path.with_name("engine.json")
     engine_json.write_text(engine_json.read_text().replace('"executor"', '"executor" ', 1))
     with pytest.raises(StoreError, match="engine.json digest mismatch"):
         resolve_servable(ServableSource(f"file://{other}/{digest}/package", str(other), key), tmp_path / "c")

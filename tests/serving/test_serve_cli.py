@@ -18,8 +18,6 @@ import httpx
 import pytest
 
 from kubetrt.pipeline.demo import free_port
-from kubetrt.pipeline.stages import build_verify_publish
-from kubetrt.pipeline.store import open_store
 from serving_support import cnn_input
 
 
@@ -60,15 +58,11 @@ def serve(tmp_path: Path) -> Iterator:
         p.wait(20)
 
 
-@pytest.fixture(scope="module")
-def store_with_engine(model_zoo, tmp_path_factory) -> tuple[str, str, str]:
+@pytest.fixture
+def store_with_engine(published_cnn: tuple[Path, str, str]) -> tuple[str, str, str]:
     """(package URI, store URI, engine key) as the pipeline publishes them."""
-    root = tmp_path_factory.mktemp("store")
-    store = open_store(root)
-    package = model_zoo.package("small_cnn")
-    digest = store.publish_package(package)
-    key = build_verify_publish(package, "host", store, tmp_path_factory.mktemp("build")).key
-    return "file://" + store.package_uri(digest), "file://" + str(root), key
+    root, package, key = published_cnn
+    return package, "file://" + str(root), key
 
 
 def infer(url: str, name: str, rows: int = 1, seed: int = 0) -> httpx.Response:
