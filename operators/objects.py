@@ -303,11 +303,13 @@ def _thread_env(container: str, resources: Mapping[str, Any]) -> list[Obj]:
     return [{"name": name, "valueFrom": copy.deepcopy(ref)} for name in ("OMP_NUM_THREADS", "KUBETRT_THREADS", "KUBETRT_JIT_THREADS")]
 
 
-def serve_command(package: str, store: str, engine_key: str, backend: str, spec: Mapping[str, Any]) -> list[str]:
-    """`kubetrt serve` with every serving setting of the spec as a flag (the server reads each one)."""
+def serve_command(package: str, store: str, engine_key: str, backend: str, model: Mapping[str, Any],
+                  spec: Mapping[str, Any]) -> list[str]:
+    """`kubetrt serve` with every serving setting as a flag (the server reads each one). `model`
+    is the serving EngineBuild's: the name and version its package and engine were built for."""
     batching = spec["batching"]
     cmd = ["kubetrt", "serve", package, "--store", store, "--engine-key", engine_key, "--cache-dir", CACHE_DIR,
-           "--model-name", spec["model"]["name"], "--model-version", str(spec["model"]["version"]),
+           "--model-name", model["name"], "--model-version", str(model["version"]),
            "--device", backend, "--host", "0.0.0.0", "--port", str(SERVING_PORT),
            "--max-batch-size", str(batching["maxBatchSize"]),
            "--max-queue-delay-us", str(batching["maxQueueDelayMicroseconds"])]
@@ -339,7 +341,7 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
         "name": "serving",
         "image": image.get("serving") or config.serving_image,
         "imagePullPolicy": image.get("pullPolicy") or config.pull_policy,
-        "command": serve_command(pkg, store, engine_key, eb_target["backend"], spec),
+        "command": serve_command(pkg, store, engine_key, eb_target["backend"], eb_spec["model"], spec),
         "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
         "env": env,
         "envFrom": _secret_env(spec["store"].get("credentialsSecret")),

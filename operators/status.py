@@ -217,7 +217,9 @@ def model_deployment_status(md: Mapping[str, Any], spec: Mapping[str, Any], view
     old = md.get("status") or {}
     svc = objects.service_name(meta["name"])
     endpoint = f"http://{svc}.{meta['namespace']}.svc.{config.cluster_domain}:{objects.SERVING_PORT}"
-    model = spec.get("model") or {}
+    # The model URL names what the pods serve: while a new version builds, that is the old one.
+    serving = next((v.serving for v in views if v.serving), None)
+    model = (serving or {}).get("spec", {}).get("model") or spec.get("model") or {}
     status: dict[str, Any] = {
         "conditions": merge_conditions(old.get("conditions") or [], conditions(views, errors), now, gen),
         "targets": [target_status(v) for v in views],
