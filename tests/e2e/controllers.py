@@ -13,8 +13,6 @@ import datetime
 import os
 from typing import Any, Callable
 
-from kubernetes.client.exceptions import ApiException
-
 from kubetrt.operators import objects
 from kubetrt.operators.kube import KubeClient
 from operator_testlib import NS, ApiServerEmulator, eventually
@@ -130,17 +128,3 @@ async def mark_deployment_ready(client: KubeClient, api: ApiServerEmulator, name
         "observedGeneration": generation, "replicas": replicas, "updatedReplicas": replicas,
         "readyReplicas": replicas, "availableReplicas": replicas,
         "conditions": [{"type": "Available", "status": "True", "reason": "MinimumReplicasAvailable"}]})
-
-
-async def edit_model_deployment(client: KubeClient, name: str, change: Callable[[dict[str, Any]], None]) -> None:
-    """`kubectl edit`: get, change, replace; on a 409 (the operator wrote status) read again and retry."""
-    for _ in range(10):
-        live = await asyncio.to_thread(client.get, *MD, NS, name)
-        change(live)
-        try:
-            await asyncio.to_thread(client.replace, live, live)
-            return
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-    raise AssertionError("replacing the ModelDeployment conflicted 10 times in a row")

@@ -31,10 +31,11 @@ from kubetrt.pipeline.verify import TOLERANCES
 from kubetrt.pipeline.store import open_store
 from kubetrt.runtime.package import load_golden, open_package
 from operator_testlib import CONFIG, NS, eventually
-from test_operator_integration import MD, TEST_AGENT, assert_rbac_allows_every_operator_request, condition, objs
+from test_operator_integration import (MD, TEST_AGENT, assert_rbac_allows_every_operator_request, condition,
+                                       edit_model_deployment, objs)
 
 import kubelet
-from controllers import (SERVING_URL, edit_model_deployment, finish_build_pod, mark_deployment_ready, report_pod,
+from controllers import (SERVING_URL, finish_build_pod, mark_deployment_ready, report_pod,
                          run_build_job, start_build_pod, start_serving_pod, wait_for_build_job, wait_for_deployment)
 
 HOST_FP32 = TOLERANCES[("fp32", "host")]  # the host target's tolerance (atol = rtol), as verification uses
@@ -296,7 +297,7 @@ async def test_a_new_model_version_rolls_out_to_a_new_pod(
 
         # A new version is a new engine identity: a new EngineBuild, whose Job finds the verified
         # engine in the store (same model digest and target) and reuses it.
-        await edit_model_deployment(client, md["metadata"]["name"], lambda live: live["spec"]["model"].update(version="2"))
+        await edit_model_deployment(client, lambda live: live["spec"]["model"].update(version="2"), md["metadata"]["name"])
         job = await wait_for_build_job(api)
         await quiet(api)
         pending = objs(api, "deployments")[dep_name]
@@ -425,7 +426,7 @@ async def test_an_operator_restarted_mid_rollout_converges_to_the_same_objects(
     assert (await run_build_job(client, api, BUILD_TIMEOUT)).exit_code == 0
     await wait_for_deployment(api, dep_name)
     await mark_deployment_ready(client, api, dep_name)
-    await edit_model_deployment(client, md_name, lambda live: live["spec"]["model"].update(version="2"))
+    await edit_model_deployment(client, lambda live: live["spec"]["model"].update(version="2"), md_name)
     job = await wait_for_build_job(api)  # mid-rollout: version 2's build is pending, pods serve version 1
 
     await quiet(api)

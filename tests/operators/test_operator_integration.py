@@ -81,11 +81,12 @@ async def deploy_one_target(client: KubeClient, api: ApiServerEmulator, md: dict
     await eventually(lambda: objs(api, "deployments").get(f"resnet-{target}"))
 
 
-async def edit_model_deployment(client: KubeClient, change: Callable[[dict[str, Any]], None]) -> None:
+async def edit_model_deployment(client: KubeClient, change: Callable[[dict[str, Any]], None],
+                                name: str = "resnet") -> None:
     """Edit as `kubectl edit` does: get, change, replace, and on a 409 (the operator wrote status
     in between, so the resourceVersion moved) read again and retry."""
     for _ in range(10):
-        live = await asyncio.to_thread(client.get, *MD, NS, "resnet")
+        live = await asyncio.to_thread(client.get, *MD, NS, name)
         change(live)
         try:
             await asyncio.to_thread(client.replace, live, live)
