@@ -60,12 +60,15 @@ class Servable:
     backend: str | None
 
 
-def resolve_servable(source: ServableSource, cache_dir: str | Path) -> Servable:
-    """Bring `source` to a local package under `cache_dir` (local packages without a store stay in place)."""
+def resolve_servable(source: ServableSource, cache_dir: str | Path | None = None) -> Servable:
+    """Bring `source` to a local package under `cache_dir` (local packages without a store stay in
+    place). Without `cache_dir`, kubetrt-cache in the temp dir: looked up only when something is
+    fetched, since a pod with a read-only root may have no temp dir at all."""
     loc = parse_uri(source.package_uri)
+    if not source.store_uri and loc.scheme == "file":
+        return _local_package(Path(loc.path), source.engine_key)
+    cache_dir = cache_dir if cache_dir is not None else _default_cache()
     if not source.store_uri:
-        if loc.scheme == "file":
-            return _local_package(Path(loc.path), source.engine_key)
         dest = _cache_slot(cache_dir, source)
         if not _complete(dest, None):
             with progress.step(f"fetching package {source.package_uri}"), _staging(cache_dir) as tmp:
@@ -99,6 +102,13 @@ def resolve_servable(source: ServableSource, cache_dir: str | Path) -> Servable:
         _publish(tmp / "servable", dest)
     log(logger, logging.INFO, "servable fetched", path=str(dest), engine=key, model=manifest.name)
     return _servable(dest, key, entry["backend"])
+
+
+def _default_cache() -> Path:
+    try:
+        return Path(tempfile.gettempdir()) / "kubetrt-cache"
+    except FileNotFoundError as e:
+        raise ServableError(f"no writable temp directory for fetched packages ({e}); give --cache-dir DIR") from e
 
 
 def check_engine_fits_node(key: str, report: dict[str, Any]) -> None:

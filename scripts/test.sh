@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The project's test command: set up (idempotent), then run the whole suite.
+# The project's test command: set up (idempotent), run the whole suite, then the end-to-end test
+# with real images (scripts/e2e-containers.sh: podman, as root). Arguments go to the first pytest run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-exec .venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q "$@"
+bash scripts/e2e-containers.sh

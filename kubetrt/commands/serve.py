@@ -6,8 +6,6 @@ resolved through the servable source (kubetrt.pipeline.servable), the same as `k
 from __future__ import annotations
 
 import argparse
-import tempfile
-from pathlib import Path
 from typing import Any
 
 
@@ -64,8 +62,9 @@ def add_source_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--store", default=None, metavar="URI", help="engine store holding the verified engine (with --engine-key)")
     p.add_argument("--engine-key", default=None, metavar="KEY",
                    help="the verified engine to serve: fetched from --store, or found in the package's engines/")
-    p.add_argument("--cache-dir", default=str(Path(tempfile.gettempdir()) / "kubetrt-cache"), metavar="DIR",
-                   help="writable directory for fetched packages and engines (an emptyDir in a pod)")
+    p.add_argument("--cache-dir", default=None, metavar="DIR",
+                   help="writable directory for fetched packages and engines (an emptyDir in a pod; "
+                        "default: kubetrt-cache in the temp dir, only when something is fetched)")
     p.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
 
 

@@ -7,10 +7,14 @@ path is used.
 """
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any, Callable
+import tempfile
+from typing import Any, Callable, Mapping
 
 import numpy as np
+
+from kubetrt.logs import log
 
 try:  # pragma: no cover - exercised implicitly wherever numba is installed
     import numba
@@ -19,6 +23,86 @@ try:  # pragma: no cover - exercised implicitly wherever numba is installed
 except ImportError:  # pragma: no cover
     numba = None
     AVAILABLE = False
+
+CACHE_LOG_MSG = "numba cache fallback"  # the one line logged when the cache is not where numba looks first
+logger = logging.getLogger("kubetrt.runtime")
+
+
+def _writable_dir(path: str, private: bool = False) -> bool:
+    """Whether `path` exists or can be made, and a file can be created in it (numba's own probe).
+    `private`: a directory in a shared place (the temp dir) must be ours and closed to others,
+    since numba loads pickled code from it."""
+    try:
+        os.makedirs(path, mode=0o700 if private else 0o777, exist_ok=True)
+        if private:
+            st = os.stat(path)
+            if (hasattr(os, "getuid") and st.st_uid != os.getuid()) or st.st_mode & 0o022:
+                return False
+        tempfile.TemporaryFile(dir=path).close()
+        return True
+    except OSError:
+        return False
+
+
+def choose_cache_dir(env: Mapping[str, str], in_tree: str,
+                     tempdir: Callable[[], str] = tempfile.gettempdir) -> tuple[str | None, str, list[str]]:
+    """(directory, how, unwritable places passed over) for numba's on-disk cache, in this order:
+    NUMBA_CACHE_DIR if set and writable ("env"); the in-tree __pycache__ if writable ("in-tree");
+    a private directory under KUBETRT_CACHE_DIR if set, else under the temp dir ("fallback");
+    else (None, "off"): compile without the on-disk cache."""
+    tried: list[str] = []
+    user = env.get("NUMBA_CACHE_DIR", "")
+    if user:
+        if _writable_dir(user):
+            return user, "env", tried
+        tried.append(user)
+    if _writable_dir(in_tree):
+        return in_tree, "in-tree", tried
+    tried.append(in_tree)
+    if env.get("KUBETRT_CACHE_DIR"):
+        path = os.path.join(env["KUBETRT_CACHE_DIR"], "numba")
+        if _writable_dir(path):
+            return path, "fallback", tried
+        tried.append(path)
+    try:
+        tmp = tempdir()
+    except OSError:  # FileNotFoundError: no writable temp dir at all (read-only root, no emptyDir)
+        tmp = None
+    if tmp:
+        uid = os.getuid() if hasattr(os, "getuid") else 0
+        path = os.path.join(tmp, f"kubetrt-numba-{uid}")
+        if _writable_dir(path, private=True):
+            return path, "fallback", tried
+        tried.append(path)
+    return None, "off", tried
+
+
+def _setup_cache() -> bool:
+    """Point numba's cache at a writable place before any cached function is decorated (numba
+    fixes a function's cache location when it is decorated, and raises "no locator available"
+    when it finds none). Returns whether kernels use the on-disk cache."""
+    if numba is None:
+        return False
+    in_tree = os.path.join(os.path.dirname(os.path.abspath(__file__)), "__pycache__")
+    path, how, tried = choose_cache_dir(os.environ, in_tree)
+    if how in ("env", "in-tree"):
+        if tried:  # NUMBA_CACHE_DIR was set but unwritable: numba itself would skip it too
+            numba.config.CACHE_DIR = ""
+            log(logger, logging.WARNING, CACHE_LOG_MSG, cache_dir=path, unwritable=",".join(tried))
+        return True
+    numba.config.CACHE_DIR = path or ""
+    log(logger, logging.WARNING, CACHE_LOG_MSG, cache_dir=path or "none (compiling without on-disk cache)",
+        unwritable=",".join(tried))
+    return path is not None
+
+
+CACHE = _setup_cache()
+
+
+def njit(**options: Any) -> Callable[..., Any]:
+    """numba.njit, with cache=True honoured only where _setup_cache found a writable place."""
+    options["cache"] = bool(options.get("cache")) and CACHE
+    return numba.njit(**options)
 
 ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
 
@@ -34,14 +118,16 @@ def fused_activation(act: tuple[str, dict[str, Any]] | None) -> tuple[int, float
         return (ACT_CLIP, float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf)))
     return None
 
-THREADS = int(os.environ.get("KUBETRT_JIT_THREADS", os.cpu_count() or 1))
+from .parallel import threads_from_env  # noqa: E402 - after the numba probe above
+
+THREADS = threads_from_env("KUBETRT_JIT_THREADS")
 MIN_WORK_PER_THREAD = 32 * 1024  # output elements; below this a thread hop costs more than it saves
 
 if numba is not None:
 
     # Not numba-parallel: its worker threads spin after each region and starve the BLAS threads
     # of the next GEMM. nogil lets our own pool split the planes instead (see depthwise_conv).
-    @numba.njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True)
     def _depthwise(xp, w, bias, out, sh, sw, dh, dw, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
         n, c, oh, ow = out.shape
         kh, kw = w.shape[2], w.shape[3]
@@ -97,14 +183,14 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
 
 if numba is not None:
 
-    @numba.njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True)
     def _taps(pos, stride, dil, pad, k, size):  # type: ignore[no-untyped-def]
         # [first, end) of the kernel taps whose input index pos*stride + tap*dil - pad lies in
         # [0, size): the windowed kernels walk only these and never test for padding per tap.
         base = pos * stride - pad
         return max(0, -(base // dil)), min(k, -((base - size) // dil))
 
-    @numba.njit(cache=True, nogil=True, fastmath={"contract"})  # fused multiply-add: one rounding per tap
+    @njit(cache=True, nogil=True, fastmath={"contract"})  # fused multiply-add: one rounding per tap
     def _depthwise_nhwc(x, w, bias, out, sh, sw, dh, dw, pt, pl, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
         # Reads the unpadded input and skips taps that fall into the padding: no padded copy.
         # Rows are (n, oh) pairs; the channel loop is innermost and contiguous, so it vectorizes.
@@ -150,7 +236,7 @@ def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, s
 
 if numba is not None:
 
-    @numba.njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True)
     def _epilogue(y, bias, residual, has_bias, has_residual, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
         # 2-D indexing and float32 constants keep the channel loop one vector op per 16 lanes;
         # row views and a float64 0.0 made this 3-4x slower (bench: 32768x16 relu, 1.07 -> 0.31 ms).
@@ -195,7 +281,7 @@ def epilogue_range(c: int, dtype: np.dtype, bias: np.ndarray | None, residual: n
 
 if numba is not None:
 
-    @numba.njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True)
     def _max_pool_nhwc(x, out, kh, kw, sh, sw, dh, dw, pt, pl, start, stop):  # type: ignore[no-untyped-def]
         # Taps in the padding are skipped (padding is -inf for a max); channels innermost, contiguous.
         _, h, wd, _ = x.shape

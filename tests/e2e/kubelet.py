@@ -21,9 +21,7 @@ seccomp, resource limits (cgroups), probes, restarts, a network namespace.
 """
 from __future__ import annotations
 
-import math
 import os
-import re
 import shlex
 import shutil
 import signal
@@ -35,6 +33,9 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any, Mapping
+
+import downward_api
+from downward_api import expand as _expand
 
 # Env the serving and builder images set (docker/serving.Dockerfile, docker/builder.Dockerfile):
 # ENV PATH=/opt/kubetrt/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp. /opt/kubetrt/bin is the image's
@@ -84,88 +85,13 @@ class Terminated:
 
 
 # ----------------------------------------------------------------------------- quantities / env
-_SUFFIX = {"m": 1e-3, "": 1.0, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18,
-           "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60}
-
-
-def quantity(value: str | int | float) -> float:
-    """A Kubernetes resource quantity ("500m", "1Gi", "2", 1.5) as a number."""
-    m = re.fullmatch(r"\s*([0-9.]+(?:[eE][-+]?[0-9]+)?)\s*([a-zA-Z]*)\s*", str(value))
-    if not m or m.group(2) not in _SUFFIX:
-        raise KubeletError(f"invalid resource quantity {value!r}")
-    return float(m.group(1)) * _SUFFIX[m.group(2)]
-
-
-def resource_field(container: Mapping[str, Any], ref: Mapping[str, Any], node_cpus: int,
-                   node_memory: int) -> str:
-    """The Downward API value of a resourceFieldRef (kubelet: ExtractContainerResourceValue).
-
-    A limit the container does not set is the node's allocatable amount; the value is divided by
-    the divisor and rounded up (cpu: ceil(millicores / divisor millicores))."""
-    resources = container.get("resources") or {}
-    kind, _, name = str(ref["resource"]).partition(".")
-    if kind not in ("limits", "requests") or name not in ("cpu", "memory", "ephemeral-storage"):
-        raise KubeletError(f"unsupported resourceFieldRef resource {ref['resource']!r}")
-    have = (resources.get(kind) or {}).get(name)
-    if have is None and kind == "limits":
-        have = node_cpus if name == "cpu" else node_memory
-    amount = quantity(have) if have is not None else 0.0
-    divisor = quantity(ref.get("divisor") or "1")
-    if name == "cpu":
-        return str(int(math.ceil(round(amount * 1000) / round(divisor * 1000))))
-    return str(int(math.ceil(amount / divisor)))
-
-
 def container_env(container: Mapping[str, Any], pod_name: str, namespace: str,
                   secrets: Mapping[str, Mapping[str, str]] | None = None) -> dict[str, str]:
     """The process environment: the image's env, HOSTNAME, envFrom, then env in order."""
-    env = dict(IMAGE_ENV, HOSTNAME=pod_name)
-    secrets = secrets or {}
-    for source in container.get("envFrom") or []:
-        prefix = source.get("prefix", "")
-        if "secretRef" in source:
-            name = source["secretRef"]["name"]
-            if name not in secrets:
-                if source["secretRef"].get("optional"):
-                    continue
-                raise KubeletError(f"CreateContainerConfigError: secret {name!r} not found")
-            env.update({prefix + k: v for k, v in secrets[name].items()})
-        else:
-            raise KubeletError(f"unsupported envFrom source {source!r}")
-    node_cpus = os.cpu_count() or 1
-    node_memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    for var in container.get("env") or []:
-        if "valueFrom" not in var:
-            env[var["name"]] = _expand(str(var.get("value", "")), env)
-            continue
-        source = var["valueFrom"]
-        if "resourceFieldRef" in source:
-            ref = source["resourceFieldRef"]
-            if ref.get("containerName", container["name"]) != container["name"]:
-                raise KubeletError(f"env {var['name']}: resourceFieldRef of another container is not supported")
-            env[var["name"]] = resource_field(container, ref, node_cpus, node_memory)
-        elif "fieldRef" in source:
-            path = source["fieldRef"]["fieldPath"]
-            values = {"metadata.name": pod_name, "metadata.namespace": namespace, "status.podIP": "127.0.0.1",
-                      "status.hostIP": "127.0.0.1", "spec.nodeName": socket.gethostname()}
-            if path not in values:
-                raise KubeletError(f"env {var['name']}: unsupported fieldRef {path!r}")
-            env[var["name"]] = values[path]
-        elif "secretKeyRef" in source:
-            ref = source["secretKeyRef"]
-            try:
-                env[var["name"]] = secrets[ref["name"]][ref["key"]]
-            except KeyError:
-                raise KubeletError(f"CreateContainerConfigError: secret key {ref['name']}/{ref['key']} not found") from None
-        else:
-            raise KubeletError(f"env {var['name']}: unsupported valueFrom {source!r}")
-    return env
-
-
-def _expand(value: str, env: Mapping[str, str]) -> str:
-    """$(VAR) references to earlier variables, $$(VAR) escapes (as in the kubelet)."""
-    return re.sub(r"\$\$|\$\(([A-Za-z_][A-Za-z0-9_]*)\)",
-                  lambda m: "$" if m.group(0) == "$$" else env.get(m.group(1), m.group(0)), value)
+    try:
+        return downward_api.container_env(container, pod_name, namespace, dict(IMAGE_ENV, HOSTNAME=pod_name), secrets)
+    except ValueError as e:
+        raise KubeletError(str(e)) from None
 
 
 def container_argv(container: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
