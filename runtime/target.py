@@ -52,7 +52,7 @@ class Target:
         if self.backend == "host" and self.gpu_product != CPU_PRODUCT:
             raise TargetError(f"backend host runs on the CPU, but gpu product {self.gpu_product!r} was given")
         if self.backend != "host" and self.gpu_product == CPU_PRODUCT:
-            raise TargetError(f"backend {self.backend} needs a GPU product (nvidia.com/gpu.product value)")
+            raise TargetError(f"backend {self.backend} needs a GPU product (the GPU Feature Discovery product label value)")
         if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", self.gpu_product):
             raise TargetError(f"gpu product {self.gpu_product!r}: expected a GPU Feature Discovery label value")
 

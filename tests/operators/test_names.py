@@ -104,3 +104,23 @@ def test_crds_and_pipeline_spell_the_api_through_names() -> None:
     assert crds.model_deployment_crd()["metadata"]["name"] == f"{names.PLURAL_MODEL_DEPLOYMENTS}.{names.GROUP}"
     assert targets.GPU_PRODUCT_LABEL == names.GPU_PRODUCT_LABEL and targets.GPU_RESOURCE == names.GPU_RESOURCE
     assert deploy.dns_label is dns_label
+
+
+def test_kubernetes_names_are_spelled_only_in_names_py() -> None:
+    """A second spelling of an API group or GPU label drifts; code imports operators/names.py."""
+    import ast
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[2]
+    found = []
+    for folder in ("kubetrt", "runtime", "serving", "pipeline", "operators"):
+        for path in (repo / folder).rglob("*.py"):
+            if path.name == "names.py" and path.parent.name == "operators":
+                continue
+            tree = ast.parse(path.read_text())
+            docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
+            for node in ast.walk(tree):
+                if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
+                        and any(s in node.value for s in ("kubetrt.io", "nvidia.com/"))):
+                    found.append(f"{path.relative_to(repo)}:{node.lineno}: {node.value!r}")
+    assert not found, "spelled outside operators/names.py:\n" + "\n".join(found)
