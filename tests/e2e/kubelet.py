@@ -47,6 +47,8 @@ IMAGE_ENV = {
     "HOME": "/tmp",
 }
 IMAGE_WORKDIR = "/"  # the images' final WORKDIR
+# What stands in for the image's /opt/kubetrt: the checkout (an editable install) and its venv.
+IMAGE_PATHS = sorted({str(Path(__file__).resolve().parents[2]), sys.prefix}, key=len)
 
 # kubelet's limits (pkg/kubelet/container: MaxContainerTerminationMessage{Length,LogLines,LogLength}).
 MESSAGE_MAX_BYTES = 4096
@@ -250,6 +252,7 @@ def _plan_mounts(pod_spec: Mapping[str, Any], container: Mapping[str, Any], term
         stage(s, "shadow")
         shadow_entries[s] = list(os.scandir(s))
     dev_stage = stage("/dev", "dev") if term_path and _under(term_path, "/dev") else None
+    image_stage = {path: stage(path, "image") for path in IMAGE_PATHS if any(_under(path, c) for c in mount_paths)}
 
     # 2. Build the view, parents before children (as containerd sorts mounts).
     for s in shadows:
@@ -293,6 +296,13 @@ def _plan_mounts(pod_spec: Mapping[str, Any], container: Mapping[str, Any], term
             sh.run("mount", "--bind", str(src / m.get("subPath", "")), path)
             if m.get("readOnly"):
                 sh.run("mount", "-o", "remount,bind,ro", path)
+
+    # The "image": in a real pod the code lives in the image (/opt/kubetrt); here it is this
+    # checkout and its venv, which a volume (an emptyDir at /tmp, say) may cover. Bound back on top.
+    for path in IMAGE_PATHS:
+        if any(_under(path, c) for c in mount_paths):
+            sh.run("mkdir", "-p", path)
+            sh.run("mount", "--rbind", str(image_stage[path]), path)
 
     # 3. The termination message file: a host file bind-mounted at terminationMessagePath.
     host_term = pod.root / "termination-log"

@@ -399,8 +399,9 @@ async def test_a_build_killed_while_publishing_leaves_no_partial_engine_and_the_
         pytest.fail("no SIGKILL landed while the engine was being published in 5 attempts")
     assert (killed.exit_code, killed.signal) == (137, signal.SIGKILL)
     assert list(model.digest_dir.glob(f".{model.key}.*.partial")), "the killed publish left only hidden staging"
-    # The kubelet reports the killed pod: empty termination log, so the log tail (FallbackToLogsOnError).
-    assert killed.message and killed.message in killed.log
+    # The kubelet reports the killed pod: empty termination log, so the log tail (FallbackToLogsOnError;
+    # the build may have printed nothing yet when the kill landed).
+    assert killed.message in killed.log
     await report_pod(client, pod, killed)
     await asyncio.sleep(1.1)  # finishedAt has one-second resolution: the retry's pod terminates later
     assert next(iter(engine_builds(api).values()))["status"]["phase"] != "Failed", "the Job still has retries"

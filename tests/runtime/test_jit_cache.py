@@ -79,7 +79,9 @@ def run_child(env: dict[str, str], *, read_only_package: bool = True, read_only_
     if read_only_package or read_only_tmp:
         mounts = [f"mount --bind -o ro {KERNELS} {KERNELS}"] if read_only_package else []
         if read_only_tmp:  # no writable temp dir at all (as in a pod with no emptyDir)
-            mounts += [f"mount -t tmpfs -o ro tmpfs {d}" for d in ("/tmp", "/var/tmp") if os.path.isdir(d)]
+            # read-only binds, not empty tmpfs: the checkout and its venv may live under /tmp
+            mounts += [f"mount --bind {d} {d} && mount -o remount,bind,ro {d}" for d in ("/tmp", "/var/tmp")
+                       if os.path.isdir(d)]
         argv = [*NAMESPACE, "sh", "-c", " && ".join(mounts) + ' && exec "$@"', "sh", *argv]
     proc = subprocess.run(argv, capture_output=True, text=True, env=full_env, cwd=cwd, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
