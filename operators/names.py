@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+from typing import Any
 
 # ----------------------------------------------------------------------------- the kubetrt.io API
 GROUP = "kubetrt.io"
@@ -69,6 +70,8 @@ GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 
 # The HTTP port serving pods listen on and their Service exposes.
 SERVING_PORT = 8080
+# Where a build Job's container writes its JSON result (terminationMessagePath, `kubetrt build`'s default).
+TERMINATION_LOG = "/dev/termination-log"
 
 # ----------------------------------------------------------------------------- DNS labels
 # DNS-1035 labels: what Service names (and kubetrt's other derived names) must be.
@@ -79,6 +82,12 @@ TARGET_NAME_MAX = 30
 _HASH_LEN = 8
 _MIN_LEN = 1 + 1 + _HASH_LEN  # a letter, a dash, the hash: the shortest label that can keep a hash
 _INVALID = re.compile(r"[^a-z0-9-]+")
+
+
+def stable_hash(value: Any, length: int = 10) -> str:
+    """Short content hash of a JSON-able value (canonical JSON, so key order does not matter)."""
+    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:length]
 
 
 def dns_label(*parts: str, max_len: int = DNS_LABEL_MAX) -> str:
@@ -99,7 +108,6 @@ def dns_label(*parts: str, max_len: int = DNS_LABEL_MAX) -> str:
     if not "a" <= clean[0] <= "z":
         clean = "x-" + clean
     if len(clean) > max_len:
-        # The hash of the JSON string, as the operator has always computed it: names stay stable.
-        suffix = hashlib.sha256(json.dumps(raw).encode()).hexdigest()[:_HASH_LEN]
+        suffix = stable_hash(raw, _HASH_LEN)  # as the operator has always computed it: names stay stable
         clean = clean[: max_len - _HASH_LEN - 1].rstrip("-") + "-" + suffix
     return clean

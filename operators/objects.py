@@ -7,8 +7,6 @@ new engine reaches pods only once that engine's build verified.
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -27,10 +25,11 @@ from kubetrt.operators.names import (  # noqa: F401 - re-exported: the operator'
     LABEL_TARGET,
     MANAGED_BY,
     SERVING_PORT,
+    TERMINATION_LOG,
     dns_label,
+    stable_hash,
 )
 
-TERMINATION_LOG = "/dev/termination-log"  # the build writes its JSON result here (--termination-log)
 CACHE_DIR = "/var/cache/kubetrt"  # emptyDir where serving pods assemble package + engine
 
 Obj = dict[str, Any]
@@ -60,12 +59,6 @@ class OperatorConfig:
 
 
 # ----------------------------------------------------------------------------- naming & hashing
-def stable_hash(value: Any, length: int = 10) -> str:
-    """Short content hash of a JSON-able value (canonical JSON, so key order does not matter)."""
-    blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
-    return hashlib.sha256(blob).hexdigest()[:length]
-
-
 def deployment_name(md_name: str, target_name: str) -> str:
     return dns_label(md_name, target_name)
 

@@ -153,7 +153,6 @@ def run_demo(
 ) -> DemoResult:
     """Run the demo in `workdir`; `say` receives the human-readable report lines."""
     from kubetrt.pipeline.servable import ServableSource, resolve_servable
-    from kubetrt.pipeline.store import model_digest, open_store
     from kubetrt.runtime.package import load_golden
 
     workdir = Path(workdir)
@@ -181,7 +180,6 @@ def run_demo(
     source = ServableSource(deployment["spec"]["model"]["source"]["uri"], deployment["spec"]["store"]["uri"], key)
     cache = workdir / "cache"
     servable = resolve_servable(source, cache)
-    report = open_store(source.store_uri or store_uri).read_report(model_digest(servable.manifest), key) or {}
     manifest = servable.manifest
     golden = load_golden(servable.package_dir, manifest)
     inputs, want = golden[1 if 1 in golden else min(golden)]
@@ -220,7 +218,7 @@ def run_demo(
         if server is not None:
             server.stop()
     err = max(float(np.max(np.abs(np.asarray(outputs[k], np.float64) - np.asarray(v, np.float64)))) for k, v in want.items())
-    result = DemoResult(served_by, _predictions(outputs), latencies, err, str(report.get("summary", "")),
+    result = DemoResult(served_by, _predictions(outputs), latencies, err, str(servable.engine.get("summary", "")),
                         [{"target": t, "key": k} for t, k in engines_by_target.items()], notes)
     _report(result, workdir, say)
     return result

@@ -57,7 +57,11 @@ class Servable:
     package_dir: Path
     manifest: Manifest
     engine_key: str | None
-    backend: str | None
+
+    @property
+    def engine(self) -> dict[str, Any]:
+        """The engine's manifest entry (backend, target, verification summary); {} without one."""
+        return next((e for e in self.manifest.engines if e.get("key") == self.engine_key), {})
 
 
 def resolve_servable(source: ServableSource, cache_dir: str | Path | None = None) -> Servable:
@@ -68,40 +72,42 @@ def resolve_servable(source: ServableSource, cache_dir: str | Path | None = None
     if not source.store_uri and loc.scheme == "file":
         return _local_package(Path(loc.path), source.engine_key)
     cache_dir = cache_dir if cache_dir is not None else _default_cache()
-    if not source.store_uri:
-        dest = _cache_slot(cache_dir, source)
-        if not _complete(dest, None):
-            with progress.step(f"fetching package {source.package_uri}"), _staging(cache_dir) as tmp:
-                pkg = _fetch_package(source, tmp)
-                _publish(pkg, dest)
-        return _servable(dest, None, None)
-    key = str(source.engine_key)
     dest = _cache_slot(cache_dir, source)
-    if _complete(dest, key):
+    key = source.engine_key if source.store_uri else None
+    cached = _complete(dest, key)
+    if cached is not None:
         log(logger, logging.INFO, "servable reused from cache", path=str(dest), engine=key)
-        return _servable(dest, key, _backend(dest, key))
-    with progress.step(f"fetching package {source.package_uri} and engine {key}"), _staging(cache_dir) as tmp:
+        return Servable(dest, cached, key)
+    what = f"package {source.package_uri}" + (f" and engine {key}" if key else "")
+    with progress.step(f"fetching {what}"), _staging(cache_dir) as tmp:
         pkg = _fetch_package(source, tmp / "package")
-        manifest = read_manifest(pkg)
-        digest = model_digest(manifest)
-        store = open_store(source.store_uri, s3_endpoint=source.s3_endpoint)
-        report = store.read_report(digest, key)
-        if report is None:
-            have = store.list_engines(digest)
-            raise ServableError(
-                f"engine store {source.store_uri} has no verified engine {key} for model {manifest.name} "
-                f"(digest {digest[:12]}); it has {have or 'none'}"
-            )
-        if not report.get("passed"):
-            raise ServableError(f"engine {key} in {source.store_uri} did not pass verification: {report.get('summary')}")
-        check_engine_fits_node(key, report)
-        store.fetch_engine(digest, key, tmp / "engine")
-        target = report.get("target") or {}
-        entry = {"backend": target.get("backend", "host"), "target": target, "spec": report.get("spec")}
-        assemble_package(pkg, {key: (tmp / "engine", entry)}, tmp / "servable")
-        _publish(tmp / "servable", dest)
-    log(logger, logging.INFO, "servable fetched", path=str(dest), engine=key, model=manifest.name)
-    return _servable(dest, key, entry["backend"])
+        if key:
+            _add_engine(source, key, pkg, tmp)
+            pkg = tmp / "servable"
+        _publish(pkg, dest)
+    log(logger, logging.INFO, "servable fetched", path=str(dest), engine=key)
+    return Servable(dest, read_manifest(dest), key)
+
+
+def _add_engine(source: ServableSource, key: str, package: Path, tmp: Path) -> None:
+    """package + the verified engine `key` from the store -> tmp/servable (engine files listed)."""
+    manifest = read_manifest(package)
+    digest = model_digest(manifest)
+    store = open_store(str(source.store_uri), s3_endpoint=source.s3_endpoint)
+    report = store.read_report(digest, key)
+    if report is None:
+        have = store.list_engines(digest)
+        raise ServableError(
+            f"engine store {source.store_uri} has no verified engine {key} for model {manifest.name} "
+            f"(digest {digest[:12]}); it has {have or 'none'}"
+        )
+    if not report.get("passed"):
+        raise ServableError(f"engine {key} in {source.store_uri} did not pass verification: {report.get('summary')}")
+    target = _check_fits_node(key, report)
+    store.fetch_engine(digest, key, tmp / "engine")
+    entry = {"backend": target.backend, "target": report["target"], "spec": report.get("spec"),
+             "summary": report.get("summary", "")}
+    assemble_package(package, {key: (tmp / "engine", entry)}, tmp / "servable")
 
 
 def _default_cache() -> Path:
@@ -111,24 +117,23 @@ def _default_cache() -> Path:
         raise ServableError(f"no writable temp directory for fetched packages ({e}); give --cache-dir DIR") from e
 
 
-def check_engine_fits_node(key: str, report: dict[str, Any]) -> None:
-    """Refuse, before any copying, an engine whose target this node cannot reproduce."""
-    from kubetrt.runtime.devices import resolve_target
+def _check_fits_node(key: str, report: dict[str, Any]) -> Any:
+    """The engine's Target, if this node can run it; refused before any engine file is copied."""
+    from kubetrt.runtime.devices import check_engine_fits_node
     from kubetrt.runtime.errors import DeviceUnavailableError
     from kubetrt.runtime.target import Target, TargetError
 
     try:
-        wanted = Target.from_json(report["target"])
-        here = resolve_target(Target(wanted.backend, wanted.gpu_product, wanted.precision, wanted.profile))
-    except (KeyError, TypeError) as e:
+        target = Target.from_json(report["target"])
+    except (KeyError, TypeError, ValueError) as e:
         raise ServableError(f"engine {key}: its verification report names no usable target ({e})") from e
-    except (DeviceUnavailableError, ImportError, TargetError) as e:
+    try:
+        check_engine_fits_node(key, target)
+    except (DeviceUnavailableError, ImportError) as e:
         raise ServableError(f"engine {key} cannot run on this node: {e}") from e
-    if here.key() != key:
-        raise ServableError(
-            f"engine {key} was built for another node type; this node resolves the same target to {here.key()}: "
-            "rebuild the engine on this node type (an EngineBuild pinned to it) or serve the matching key"
-        )
+    except TargetError as e:
+        raise ServableError(str(e)) from e
+    return target
 
 
 def _local_package(path: Path, engine_key: str | None) -> Servable:
@@ -137,8 +142,7 @@ def _local_package(path: Path, engine_key: str | None) -> Servable:
         have = sorted(e.get("key", "?") for e in manifest.engines)
         raise ServableError(f"{path}: the package holds no engine {engine_key} (it has {have or 'none'}); "
                             "give --store URI to fetch it from an engine store")
-    backend = _backend(path, engine_key) if engine_key else None
-    return Servable(path, manifest, engine_key, backend)
+    return Servable(path, manifest, engine_key)
 
 
 def _open(path: Path) -> Manifest:
@@ -148,17 +152,13 @@ def _open(path: Path) -> Manifest:
         raise ServableError(str(e)) from e
 
 
-def _servable(path: Path, key: str | None, backend: str | None) -> Servable:
-    return Servable(path, read_manifest(path), key, backend)
-
-
 def _fetch_package(source: ServableSource, dest: Path) -> Path:
-    """A digest-checked copy of the package (local directories are copied too: the cache is self-contained)."""
+    """The digest-checked package: a local one where it is (assembling copies it), a remote one
+    fetched into `dest`."""
     loc = parse_uri(source.package_uri)
     if loc.scheme == "file":
         _open(Path(loc.path))
-        shutil.copytree(loc.path, dest, ignore=shutil.ignore_patterns(ENGINES))
-        return dest
+        return Path(loc.path)
     try:
         return fetch_package_uri(source.package_uri, dest, s3_endpoint=source.s3_endpoint)
     except PackageError as e:
@@ -170,21 +170,17 @@ def _cache_slot(cache_dir: str | Path, source: ServableSource) -> Path:
     return Path(cache_dir) / SERVABLES / hashlib.sha256(ident).hexdigest()[:20]
 
 
-def _complete(dest: Path, key: str | None) -> bool:
-    """A slot from an earlier start: usable only if it is whole and still matches its digests."""
+def _complete(dest: Path, key: str | None) -> Manifest | None:
+    """The manifest of a slot from an earlier start, if it is whole, still matches its digests and
+    holds the engine; else None."""
     if not (dest / "manifest.json").is_file():
-        return False
+        return None
     try:
         manifest = open_package(dest)
     except PackageError as e:
         log(logger, logging.WARNING, "cached servable is corrupt; fetching again", path=str(dest), reason=str(e))
-        return False
-    return key is None or any(e.get("key") == key for e in manifest.engines)
-
-
-def _backend(path: Path, key: str | None) -> str | None:
-    entry = next((e for e in read_manifest(path).engines if e.get("key") == key), None)
-    return str(entry.get("backend")) if entry else None
+        return None
+    return manifest if key is None or any(e.get("key") == key for e in manifest.engines) else None
 
 
 @contextlib.contextmanager

@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-DEFAULT_TERMINATION_LOG = "/dev/termination-log"
+from kubetrt.operators.names import TERMINATION_LOG as DEFAULT_TERMINATION_LOG
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

@@ -87,18 +87,17 @@ def model_sources(args: argparse.Namespace) -> list[Any]:
     for package in args.packages:
         src = source_of(args, package)
 
-        def resolve(src: Any = src) -> Loadable:
-            s = resolve_servable(src, args.cache_dir)
-            return Loadable(s.package_dir, s.engine_key, checked=True)
+        def loadable(servable: Any) -> Loadable:
+            return Loadable(servable.package_dir, servable.engine_key, checked=True)
 
         if args.model_name and args.model_version:
-            sources.append(ModelSource(args.model_name, args.model_version, resolve))
+            sources.append(ModelSource(args.model_name, args.model_version,
+                                       lambda src=src: loadable(resolve_servable(src, args.cache_dir))))
             continue
         servable = resolve_servable(src, args.cache_dir)
-        loadable = Loadable(servable.package_dir, servable.engine_key, checked=True)
         m = servable.manifest
         sources.append(ModelSource(args.model_name or m.name, args.model_version or m.version,
-                                   lambda loadable=loadable: loadable, m))
+                                   lambda done=loadable(servable): done, m))
     return sources
 
 

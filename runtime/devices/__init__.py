@@ -135,7 +135,13 @@ def read_engine(engine_dir: str | os.PathLike[str], manifest: Manifest) -> dict[
             raise PackageError(f"{p}: engine file missing or its digest does not match {digest}; the engine is corrupt or was modified")
     if meta.get("model", {}).get("onnx") != manifest.files.get("model.onnx"):
         raise PackageError(f"{engine_dir}: engine was built from a different model.onnx than this package's")
-    here = resolve_target(Target(target.backend, target.gpu_product, target.precision, target.profile))
-    if here.key() != meta["key"]:
-        raise TargetError(f"engine {meta['key']} does not match this node ({here.key()}); rebuild it on this node type")
+    check_engine_fits_node(meta["key"], target)
     return meta
+
+
+def check_engine_fits_node(key: str, target: Target) -> None:
+    """TargetError unless this node resolves the engine's target to the engine's own key."""
+    here = resolve_target(Target(target.backend, target.gpu_product, target.precision, target.profile))
+    if here.key() != key:
+        raise TargetError(f"engine {key} does not match this node: it was built for another node type, and this "
+                          f"node resolves the same target to {here.key()}; rebuild it on this node type")

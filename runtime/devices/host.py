@@ -11,7 +11,6 @@ import numpy as np
 from ..executor import DataflowExecutor, SequentialPlan
 from ..graph import Graph
 from ..kernels import parallel
-from ..kernels.parallel import single_threaded_blas
 from ..memory import keep_freed_memory
 from ..timing import median_seconds
 from ..program import compile_graph
@@ -41,7 +40,7 @@ class HostRuntime:
         return NodeIdentity("cpu", None, f"numpy{np.__version__}-{platform.machine()}")
 
     def prepare(self, graph: Graph, options: dict[str, Any]) -> SequentialPlan | DataflowExecutor:
-        single_threaded_blas()
+        parallel.single_threaded_blas()
         keep_freed_memory()
         executor = options.get("executor", "sequential")
         if executor == "dataflow":

@@ -16,6 +16,8 @@ import numpy as np
 
 from kubetrt.logs import log
 
+from .parallel import threads_from_env
+
 try:  # pragma: no cover - exercised implicitly wherever numba is installed
     import numba
 
@@ -117,8 +119,6 @@ def fused_activation(act: tuple[str, dict[str, Any]] | None) -> tuple[int, float
     if act[0] == "Clip":
         return (ACT_CLIP, float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf)))
     return None
-
-from .parallel import threads_from_env  # noqa: E402 - after the numba probe above
 
 THREADS = threads_from_env("KUBETRT_JIT_THREADS")
 MIN_WORK_PER_THREAD = 32 * 1024  # output elements; below this a thread hop costs more than it saves

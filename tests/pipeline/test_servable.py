@@ -31,7 +31,8 @@ def test_package_and_engine_from_a_file_store_load_and_match_tensorflow(publishe
     root, package_uri, key = published
     servable = resolve_servable(ServableSource(package_uri, "file://" + str(root), key), tmp_path / "cache")
     assert servable.package_dir.is_relative_to(tmp_path / "cache")
-    assert [e["key"] for e in servable.manifest.engines] == [key] and servable.backend == "host"
+    assert [e["key"] for e in servable.manifest.engines] == [key] and servable.engine["backend"] == "host"
+    assert servable.engine["summary"].startswith("passed"), "the verification summary travels with the engine"
     open_package(servable.package_dir)  # the engine's files are listed with digests in the manifest
     model = load_model(servable.package_dir, "auto", engine_key=key)
     assert model.engine_key == key
@@ -70,7 +71,7 @@ def test_an_engine_built_for_another_node_type_is_refused(published, tmp_path: P
     fake_key = key.replace("x86_64", "sparc")
     report_path.write_text(json.dumps(report))
     (other / digest / key).rename(other / digest / fake_key)
-    with pytest.raises(ServableError, match=f"engine {fake_key} was built for another node type.*{key}"):
+    with pytest.raises(ServableError, match=f"engine {fake_key} does not match this node: it was built for another node type.*{key}"):
         resolve_servable(ServableSource(f"file://{other}/{digest}/package", str(other), fake_key), tmp_path / "c")
 
 
