@@ -11,11 +11,9 @@ one the build process really wrote.
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import copy
 import json
 import os
-import re
 import shutil
 import signal
 import time
@@ -35,6 +33,7 @@ from test_operator_integration import (MD, TEST_AGENT, assert_rbac_allows_every_
                                        edit_model_deployment, objs)
 
 import kubelet
+from batching_probe import batch_sizes, burst
 from controllers import (SERVING_URL, finish_build_pod, mark_deployment_ready, report_pod,
                          run_build_job, start_build_pod, start_serving_pod, wait_for_build_job, wait_for_deployment)
 
@@ -150,33 +149,6 @@ def assert_answers_like_tensorflow(model: PipelineModel, served_name: str, versi
                                        err_msg=f"batch {batch}, output {name}")
 
 
-def batch_histogram(model_name: str) -> tuple[int, int, dict[float, int]]:
-    """(batches, rows, cumulative bucket counts) of kubetrt_batch_size from /metrics."""
-    import urllib.request
-
-    with urllib.request.urlopen(SERVING_URL + "/metrics", timeout=10) as resp:
-        text = resp.read().decode()
-    label = f'model="{model_name}"'
-    count = float(re.search(rf"kubetrt_batch_size_count{{{label}}} (\S+)", text).group(1))
-    rows = float(re.search(rf"kubetrt_batch_size_sum{{{label}}} (\S+)", text).group(1))
-    buckets = {float(le): int(float(v)) for le, v in
-               re.findall(rf'kubetrt_batch_size_bucket{{le="([^"]+)",{label}}} (\S+)', text) if le != "+Inf"}
-    return int(count), int(rows), buckets
-
-
-def burst(model_name: str, version: str, image: np.ndarray, n: int) -> None:
-    """A large request that keeps the batcher busy, then `n` one-row requests queued behind it."""
-    def one(x: np.ndarray) -> None:
-        infer(model_name, version, {"image": x})
-
-    big = np.repeat(image[:1], 512, axis=0)
-    with concurrent.futures.ThreadPoolExecutor(n + 1) as pool:
-        blocker = pool.submit(one, big)
-        time.sleep(0.05)
-        list(pool.map(one, [image[:1]] * n))
-        blocker.result()
-
-
 async def quiet(api: Any, seconds: float = 1.0, timeout: float = 20.0) -> None:
     """Wait until the operator has written nothing to the API for `seconds`."""
     loop = asyncio.get_running_loop()
@@ -254,10 +226,10 @@ async def test_the_pipelines_model_is_built_by_the_operators_job_and_served(
         assert_answers_like_tensorflow(model, name, version)
 
         # spec.batching reached the batcher: queued one-row requests merge, never beyond maxBatchSize.
-        before = batch_histogram(name)
-        image = model.golden[min(model.golden)][0]["image"]
-        await asyncio.to_thread(burst, name, version, image, 8)
-        count, rows, buckets = batch_histogram(name)
+        before = batch_sizes(SERVING_URL, name)
+        image = model.golden[min(model.golden)][0]["image"][:1]
+        await asyncio.to_thread(burst, lambda rows: infer(name, version, {"image": np.repeat(image, rows, axis=0)}), 8)
+        count, rows, buckets = batch_sizes(SERVING_URL, name)
         small = {le: c - before[2][le] for le, c in buckets.items()}  # the 512-row blocker is above 256
         assert rows - before[1] == 512 + 8 and count - before[0] == small[256] + 1
         assert small[2] == small[256], f"every batch of queued requests holds at most 2 rows: {small}"

@@ -5,19 +5,19 @@ protocol routes and /metrics, never from the flags themselves.
 """
 from __future__ import annotations
 
-import concurrent.futures
 import os
 import re
 import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 import httpx
 import pytest
 
 from kubetrt.pipeline.demo import free_port
+from batching_probe import batch_sizes, burst
 from serving_support import cnn_input
 
 
@@ -71,31 +71,17 @@ def infer(url: str, name: str, rows: int = 1, seed: int = 0) -> httpx.Response:
     return httpx.post(f"{url}/v2/models/{name}/infer", json=body, timeout=30)
 
 
-def batch_sizes(url: str, model: str) -> tuple[int, int, dict[float, int]]:
-    """(batches, rows, cumulative bucket counts) of the kubetrt_batch_size histogram."""
-    text = httpx.get(url + "/metrics").text
-    count = int(float(re.search(rf'kubetrt_batch_size_count{{model="{model}"}} (\S+)', text).group(1)))
-    total = int(float(re.search(rf'kubetrt_batch_size_sum{{model="{model}"}} (\S+)', text).group(1)))
-    buckets = {float(le): int(float(v)) for le, v in
-               re.findall(rf'kubetrt_batch_size_bucket{{le="([^"]+)",model="{model}"}} (\S+)', text) if le != "+Inf"}
-    return count, total, buckets
-
-
-def burst(url: str, name: str, n: int) -> None:
-    """A large request, then `n` one-row requests that queue up behind it while it computes."""
+def send(url: str, name: str) -> Callable[[int], object]:
+    """A binary tritonclient request of `rows` rows (cheap to encode, so a burst arrives together)."""
     import tritonclient.http as triton
 
-    def one(rows: int, seed: int) -> None:
+    def one(rows: int) -> object:
         client = triton.InferenceServerClient(url[len("http://"):], network_timeout=60)
         x = triton.InferInput("image", [rows, 32, 32, 3], "FP32")
-        x.set_data_from_numpy(cnn_input(rows, seed), binary_data=True)
-        client.infer(name, [x])
+        x.set_data_from_numpy(cnn_input(rows, rows), binary_data=True)
+        return client.infer(name, [x])
 
-    with concurrent.futures.ThreadPoolExecutor(n + 1) as pool:
-        blocker = pool.submit(one, 512, 99)
-        time.sleep(0.05)
-        list(pool.map(lambda i: one(1, i), range(n)))
-        blocker.result()
+    return one
 
 
 def test_engine_from_the_store_served_under_the_deployments_name_and_version(serve, store_with_engine,
@@ -120,7 +106,7 @@ def test_batching_flags_shape_the_batches_the_runtime_sees(serve, store_with_eng
               "--model-name", "cnn", "--model-version", "1", "--max-queue-delay-us", "1500000", *flags)
     s.wait()
     before = batch_sizes(s.url, "cnn")
-    burst(s.url, "cnn", 8)
+    burst(send(s.url, "cnn"), 8)
     count, rows, buckets = batch_sizes(s.url, "cnn")
     small = {le: c - before[2][le] for le, c in buckets.items() if le <= 256}  # the 512-row blocker aside
     assert rows - before[1] == 8 + 512 and count - before[0] - 1 == small[256]
