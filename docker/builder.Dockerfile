@@ -28,6 +28,8 @@ ARG EXTRAS=s3
 RUN [ -z "${EXTRAS}" ] || /opt/kubetrt/bin/pip install $(printf -- '-r req/%s.txt ' $(echo "${EXTRAS}" | tr , ' '))
 COPY README.md ./
 COPY kubetrt ./kubetrt
+COPY telemetry ./telemetry
+COPY cli ./cli
 COPY runtime ./runtime
 COPY serving ./serving
 COPY pipeline ./pipeline

@@ -19,10 +19,10 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from kubetrt.logs import log
+from kubetrt.telemetry.logs import log
 from kubetrt.pipeline.errors import LowerError
 from kubetrt.pipeline.ingest import SERVE_TAG, SavedModelInfo, ingest, quiet_native_stderr, tensorflow
-from kubetrt.progress import step
+from kubetrt.telemetry.progress import step
 from kubetrt.runtime.package import (
     GOLDEN,
     MODEL_ONNX,

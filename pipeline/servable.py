@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from kubetrt import progress
-from kubetrt.logs import log
+from kubetrt.telemetry.logs import log
 from kubetrt.pipeline.errors import PipelineError
 from kubetrt.pipeline.sources import parse_uri
 from kubetrt.pipeline.store import assemble_package, fetch_package_uri, model_digest, open_store

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from kubetrt import progress
-from kubetrt.logs import log
+from kubetrt.telemetry.logs import log
 from kubetrt.operators.names import GPU_PRODUCT_LABEL
 from kubetrt.pipeline.sources import fetch_model
 from kubetrt.pipeline.store import (

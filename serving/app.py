@@ -19,7 +19,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 
 import kubetrt
-from kubetrt.logs import log
+from kubetrt.telemetry.logs import log
 
 from . import oip, tfserving
 from .errors import BadRequest, NotFound, PayloadTooLarge, ServingError, Unavailable, error_response

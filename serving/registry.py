@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Protocol
 
 import numpy as np
 
-from kubetrt.logs import log
+from kubetrt.telemetry.logs import log
 from kubetrt.runtime.batcher import (
     BatchComputeError,
     Batcher,

@@ -14,7 +14,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from kubetrt.logs import log
+from kubetrt.telemetry.logs import log
 
 from .parallel import threads_from_env
 

@@ -31,7 +31,7 @@ UNWRITABLE = "/dev/null/kubetrt-unwritable"  # under a regular file: not creatab
 CHILD = r"""
 import json
 import numpy as np
-from kubetrt.logs import configure
+from kubetrt.telemetry.logs import configure
 configure()
 from kubetrt.runtime.kernels import jit
 

@@ -1,4 +1,6 @@
-"""The `kubetrt` command: a thin dispatcher; each subcommand lives in kubetrt/commands/.
+"""kubetrt: TensorFlow SavedModel to verified per-GPU engines, served on Kubernetes.
+
+A thin dispatcher: each subcommand lives in cli/commands/.
 
 Subcommand modules only declare arguments at import time and import their heavy dependencies
 (TensorFlow, kfp, uvicorn) inside the handler, so `kubetrt --help` stays instant.
@@ -19,9 +21,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     for name in COMMANDS:
         try:
-            module = importlib.import_module(f"kubetrt.commands.{name}")
+            module = importlib.import_module(f"kubetrt.cli.commands.{name}")
         except ModuleNotFoundError as e:
-            if e.name != f"kubetrt.commands.{name}":
+            if e.name != f"kubetrt.cli.commands.{name}":
                 raise
             continue
         module.register(sub)
@@ -30,7 +32,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from kubetrt.logs import configure
+    from kubetrt.telemetry.logs import configure
 
     configure(verbosity=args.verbose)
     try:
@@ -42,6 +44,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"kubetrt {args.command}: error: {e}", file=sys.stderr)
         return 2
 
-
-if __name__ == "__main__":
-    sys.exit(main())

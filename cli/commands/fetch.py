@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import argparse
 
-from kubetrt.commands.serve import add_source_arguments, source_of
+from kubetrt.cli.commands.serve import add_source_arguments, source_of
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
