@@ -21,7 +21,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from kubetrt import progress
+from kubetrt.telemetry import progress
 from kubetrt.operators.names import ANN_VERIFIED_ENGINES
 
 OIP_DATATYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64", "uint8": "UINT8", "bool": "BOOL", "float16": "FP16", "int8": "INT8"}

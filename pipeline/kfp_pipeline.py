@@ -264,7 +264,7 @@ _TASK_DONE = re.compile(r"Task '([^']+)' finished with status (\w+)")
 @contextlib.contextmanager
 def _captured_output(log_path: Path) -> Iterator[list[str]]:
     """Redirect fds 1 and 2 (kfp.local and its subprocesses) into a log; emit progress per task."""
-    from kubetrt import progress
+    from kubetrt.telemetry import progress
 
     lines: list[str] = []
     show = progress.enabled()

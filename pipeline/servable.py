@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from kubetrt import progress
+from kubetrt.telemetry import progress
 from kubetrt.telemetry.logs import log
 from kubetrt.pipeline.errors import PipelineError
 from kubetrt.pipeline.sources import parse_uri

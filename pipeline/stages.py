@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from kubetrt import progress
+from kubetrt.telemetry import progress
 from kubetrt.telemetry.logs import log
 from kubetrt.operators.names import GPU_PRODUCT_LABEL
 from kubetrt.pipeline.sources import fetch_model
