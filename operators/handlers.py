@@ -15,16 +15,17 @@ from typing import Any, Mapping
 
 import kopf
 
-from kubetrt.operators import objects, sync
+from kubetrt.operators import sync
 from kubetrt.operators.kube import KubeClient
-from kubetrt.operators.names import (ENV_POD_NAME, FINALIZER, GROUP, PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS,
+from kubetrt.operators.names import (ENV_POD_NAME, FINALIZER, GROUP, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT,
+                                     LABEL_APP_MANAGED_BY, MANAGED_BY, PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS,
                                      VERSION)
 from kubetrt.operators.objects import OperatorConfig
 
 log = logging.getLogger("kubetrt.operators")
 MD = (GROUP, VERSION, PLURAL_MODEL_DEPLOYMENTS)
 EB = (GROUP, VERSION, PLURAL_ENGINE_BUILDS)
-MANAGED = {"app.kubernetes.io/managed-by": objects.MANAGED_BY}
+MANAGED = {LABEL_APP_MANAGED_BY: MANAGED_BY}
 
 
 def peering_priority(env: Mapping[str, str] | None = None) -> int:
@@ -64,31 +65,40 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.resume(*MD, registry=registry)
     @kopf.on.create(*MD, registry=registry)
     @kopf.on.update(*MD, field="spec", registry=registry)
-    def model_deployment_changed(namespace: str, name: str, memo: kopf.Memo, **_: Any) -> None:
-        sync.sync_model_deployment(memo.kube, memo.config, namespace, name)
+    def model_deployment_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
+        sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), name)
 
     # EngineBuild: ensure its Job; every change of it (status included) re-syncs its ModelDeployment.
     @kopf.on.event(*EB, registry=registry)
-    def engine_build_event(type: str | None, body: kopf.Body, namespace: str, name: str,
+    def engine_build_event(type: str | None, body: kopf.Body, namespace: str | None, name: str,
                            memo: kopf.Memo, **_: Any) -> None:
+        namespace = _namespaced(namespace)
         if type != "DELETED":
             sync.sync_engine_build(memo.kube, memo.config, namespace, name)
-        owner = body.get("spec", {}).get("modelDeployment", {}).get("name") or _owner(body.meta, "ModelDeployment")
+        owner = body.get("spec", {}).get("modelDeployment", {}).get("name") or _owner(body.meta, KIND_MODEL_DEPLOYMENT)
         if owner:
             sync.sync_model_deployment(memo.kube, memo.config, namespace, owner)
 
     # Children: build Jobs move their EngineBuild; serving Deployments move their ModelDeployment.
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, registry=registry)
-    def job_event(meta: kopf.Meta, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-        owner = _owner(meta, "EngineBuild")
+    def job_event(meta: kopf.Meta, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+        owner = _owner(meta, KIND_ENGINE_BUILD)
         if owner:
-            sync.sync_engine_build(memo.kube, memo.config, namespace, owner)
+            sync.sync_engine_build(memo.kube, memo.config, _namespaced(namespace), owner)
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
-    def deployment_event(meta: kopf.Meta, namespace: str, memo: kopf.Memo, **_: Any) -> None:
-        owner = _owner(meta, "ModelDeployment")
+    def deployment_event(meta: kopf.Meta, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+        owner = _owner(meta, KIND_MODEL_DEPLOYMENT)
         if owner:
-            sync.sync_model_deployment(memo.kube, memo.config, namespace, owner)
+            sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), owner)
+
+
+
+def _namespaced(namespace: str | None) -> str:
+    """kopf types the namespace optional for cluster-scoped kinds; every kind handled here is namespaced."""
+    if namespace is None:
+        raise kopf.PermanentError("expected a namespaced object (ModelDeployment, EngineBuild, Job, Deployment)")
+    return namespace
 
 
 register(kopf.get_default_registry())

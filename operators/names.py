@@ -43,6 +43,7 @@ LABEL_APP_PART_OF = "app.kubernetes.io/part-of"
 LABEL_APP_MANAGED_BY = "app.kubernetes.io/managed-by"
 APP_NAME = "kubetrt"
 MANAGED_BY = "kubetrt-operator"  # managed-by value of everything the operator creates
+PIPELINE_MANAGED_BY = "kubetrt-pipeline"  # managed-by value of the ModelDeployment the pipeline emits
 
 # The plain manifests' install: the chart derives both from its release instead.
 OPERATOR_NAME = "kubetrt-operator"
@@ -73,7 +74,10 @@ SERVING_PORT = 8080
 # Where a build Job's container writes its JSON result (terminationMessagePath, `kubetrt build`'s default).
 TERMINATION_LOG = "/dev/termination-log"
 
-# ----------------------------------------------------------------------------- DNS labels
+# ----------------------------------------------------------------------------- label values, DNS labels
+# Label values: a GPU product as GPU Feature Discovery labels it, a ModelDeployment's name in a label.
+LABEL_VALUE_MAX = 63
+LABEL_VALUE_PATTERN = r"^[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$"  # a non-empty label value
 # DNS-1035 labels: what Service names (and kubetrt's other derived names) must be.
 DNS_LABEL_MAX = 63
 DNS_LABEL_PATTERN = r"^[a-z]([-a-z0-9]*[a-z0-9])?$"
@@ -88,6 +92,12 @@ def stable_hash(value: Any, length: int = 10) -> str:
     """Short content hash of a JSON-able value (canonical JSON, so key order does not matter)."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def label_value(name: str) -> str:
+    """An object name as a label value: names may be longer than label values, so it is cut; the
+    same name always gives the same value, so selectors built from it keep matching."""
+    return name[:LABEL_VALUE_MAX]
 
 
 def dns_label(*parts: str, max_len: int = DNS_LABEL_MAX) -> str:

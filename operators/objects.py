@@ -12,14 +12,27 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kubetrt.operators import crds
-from kubetrt.operators.names import (  # noqa: F401 - re-exported: the operator's modules and tests use them here
+from kubetrt.operators.names import (
     ANN_ENGINE_BUILD,
     ANN_ENGINE_KEY,
     ANN_SPEC_HASH,
+    API_VERSION,
+    APP_NAME,
+    ENV_BUILDER_IMAGE,
+    ENV_CLUSTER_DOMAIN,
+    ENV_IMAGE_PULL_POLICY,
+    ENV_JOB_TTL_SECONDS,
+    ENV_SERVING_IMAGE,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     GPU_TAINT_EFFECT,
     GPU_TAINT_KEY,
+    KIND_ENGINE_BUILD,
+    LABEL_APP_COMPONENT,
+    LABEL_APP_INSTANCE,
+    LABEL_APP_MANAGED_BY,
+    LABEL_APP_NAME,
+    LABEL_APP_PART_OF,
     LABEL_BUILD,
     LABEL_MD,
     LABEL_TARGET,
@@ -27,8 +40,10 @@ from kubetrt.operators.names import (  # noqa: F401 - re-exported: the operator'
     SERVING_PORT,
     TERMINATION_LOG,
     dns_label,
+    label_value,
     stable_hash,
 )
+from kubetrt.runtime.target import CPU_PRODUCT, BatchProfile, Target
 
 CACHE_DIR = "/var/cache/kubetrt"  # emptyDir where serving pods assemble package + engine
 
@@ -50,11 +65,11 @@ class OperatorConfig:
         env = os.environ if env is None else env
         d = cls()
         return cls(
-            serving_image=env.get("KUBETRT_SERVING_IMAGE", d.serving_image),
-            builder_image=env.get("KUBETRT_BUILDER_IMAGE", d.builder_image),
-            pull_policy=env.get("KUBETRT_IMAGE_PULL_POLICY", d.pull_policy),
-            job_ttl_seconds=int(env.get("KUBETRT_JOB_TTL_SECONDS", d.job_ttl_seconds)),
-            cluster_domain=env.get("KUBETRT_CLUSTER_DOMAIN", d.cluster_domain),
+            serving_image=env.get(ENV_SERVING_IMAGE, d.serving_image),
+            builder_image=env.get(ENV_BUILDER_IMAGE, d.builder_image),
+            pull_policy=env.get(ENV_IMAGE_PULL_POLICY, d.pull_policy),
+            job_ttl_seconds=int(env.get(ENV_JOB_TTL_SECONDS, d.job_ttl_seconds)),
+            cluster_domain=env.get(ENV_CLUSTER_DOMAIN, d.cluster_domain),
         )
 
 
@@ -69,12 +84,12 @@ def service_name(md_name: str) -> str:
 
 def labels(md_name: str, component: str, target: str | None = None) -> dict[str, str]:
     out = {
-        "app.kubernetes.io/name": "kubetrt",
-        "app.kubernetes.io/instance": md_name[:63],
-        "app.kubernetes.io/component": component,
-        "app.kubernetes.io/part-of": "kubetrt",
-        "app.kubernetes.io/managed-by": MANAGED_BY,
-        LABEL_MD: md_name[:63],
+        LABEL_APP_NAME: APP_NAME,
+        LABEL_APP_INSTANCE: label_value(md_name),
+        LABEL_APP_COMPONENT: component,
+        LABEL_APP_PART_OF: APP_NAME,
+        LABEL_APP_MANAGED_BY: MANAGED_BY,
+        LABEL_MD: label_value(md_name),
     }
     if target is not None:
         out[LABEL_TARGET] = target
@@ -136,13 +151,19 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def target_spec_arg(target: Mapping[str, Any]) -> str:
-    """The --target argument of `kubetrt build` (format documented in operators/README.md)."""
-    where = f"gpu-product={target['gpuProduct']}" if target.get("gpuProduct") else "cpu"
-    prof = target.get("batchProfile", {})
-    return (f"name={target['name']},backend={target['backend']},{where},precision={target['precision']},"
-            f"batch={prof.get('min', 1)}:{prof.get('opt', 1)}:{prof.get('max', 1)},"
-            f"max-batch={target.get('maxBatchSize', prof.get('max', 1))}")
+def engine_target(target: Mapping[str, Any]) -> Target:
+    """The Target an EngineBuild's spec.target asks for (a resolved target with its batch profile).
+
+    The build Job passes its spec string (`Target.spec`) to `kubetrt build --target`; a field the
+    runtime cannot build raises TargetError.
+    """
+    profile = target.get("batchProfile") or {}
+    return Target(
+        backend=target["backend"],
+        gpu_product=target.get("gpuProduct") or CPU_PRODUCT,
+        precision=target["precision"],
+        profile=BatchProfile(**{k: int(profile[k]) for k in ("min", "opt", "max") if k in profile}),
+    )
 
 
 def mount_uri(uri: str, mount_path: str, volume: str, read_only: bool) -> tuple[str, list[Obj], list[Obj]]:
@@ -178,10 +199,11 @@ def _container_security() -> Obj:
 
 def _pinning(target: Mapping[str, Any]) -> Obj:
     """Node selector, tolerations and GPU limit that pin a pod to the target's GPU product."""
+    linux = {"kubernetes.io/os": "linux"}
     if target.get("cpu"):
-        return {"nodeSelector": {"kubernetes.io/os": "linux"}, "tolerations": [], "gpu_limit": {}}
+        return {"nodeSelector": linux, "tolerations": [], "gpu_limit": {}}
     return {
-        "nodeSelector": {"kubernetes.io/os": "linux", GPU_PRODUCT_LABEL: target["gpuProduct"]},
+        "nodeSelector": {**linux, GPU_PRODUCT_LABEL: target["gpuProduct"]},
         "tolerations": [{"key": GPU_TAINT_KEY, "operator": "Exists", "effect": GPU_TAINT_EFFECT}],
         "gpu_limit": {GPU_RESOURCE: str(target.get("gpus", 1))},
     }
@@ -222,8 +244,8 @@ def engine_build(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping
     if spec.get("serviceAccountName"):
         eb_spec["serviceAccountName"] = spec["serviceAccountName"]
     return {
-        "apiVersion": crds.API_VERSION,
-        "kind": "EngineBuild",
+        "apiVersion": API_VERSION,
+        "kind": KIND_ENGINE_BUILD,
         "metadata": {
             "name": dns_label(md_name, target["name"], stable_hash(identity, 10)),
             "namespace": md["metadata"]["namespace"],
@@ -252,7 +274,7 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
         "name": "build",
         "image": spec["image"],
         "imagePullPolicy": spec.get("pullPolicy", config.pull_policy),
-        "command": ["kubetrt", "build", "--package", package, "--target", target_spec_arg(target),
+        "command": ["kubetrt", "build", "--package", package, "--target", engine_target(target).spec(),
                     "--store", store, "--termination-log", TERMINATION_LOG],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
@@ -400,7 +422,7 @@ def service(md: Mapping[str, Any]) -> Obj:
                      "labels": labels(md_name, "serving"), "ownerReferences": [owner_reference(md)]},
         "spec": {
             "type": "ClusterIP",
-            "selector": {LABEL_MD: md_name[:63], "app.kubernetes.io/component": "serving"},
+            "selector": {LABEL_MD: label_value(md_name), LABEL_APP_COMPONENT: "serving"},
             "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http", "protocol": "TCP"}],
         },
     }

@@ -7,11 +7,12 @@ no-op because every applied object carries the hash of its desired content.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from kubetrt.operators import objects, status
-from kubetrt.operators.names import API_VERSION, KIND_ENGINE_BUILD
+from kubetrt.operators.names import ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, KIND_ENGINE_BUILD
 from kubetrt.operators.objects import Obj, OperatorConfig
+from kubetrt.runtime.target import TargetError
 
 
 @dataclass
@@ -45,8 +46,8 @@ def needs_apply(desired: Mapping[str, Any], observed: Mapping[str, Any] | None) 
     """True when the observed object is absent or was applied from different desired content."""
     if observed is None:
         return True
-    want = desired["metadata"]["annotations"][objects.ANN_SPEC_HASH]
-    have = ((observed.get("metadata") or {}).get("annotations") or {}).get(objects.ANN_SPEC_HASH)
+    want = desired["metadata"]["annotations"][ANN_SPEC_HASH]
+    have = ((observed.get("metadata") or {}).get("annotations") or {}).get(ANN_SPEC_HASH)
     return want != have
 
 
@@ -85,7 +86,7 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
         if _verified(current):
             serving = current
         elif dep_observed is not None:
-            in_use = ((dep_observed.get("metadata") or {}).get("annotations") or {}).get(objects.ANN_ENGINE_BUILD)
+            in_use = ((dep_observed.get("metadata") or {}).get("annotations") or {}).get(ANN_ENGINE_BUILD)
             if in_use and _verified(observed.engine_builds.get(in_use)):
                 serving = observed.engine_builds[in_use]
         desired_replicas = (max(spec["autoscaling"]["minReplicas"], 1) if spec["autoscaling"]["enabled"]
@@ -130,13 +131,21 @@ class BuildPlan:
     status: dict[str, Any]
 
 
-def plan_engine_build(eb: Mapping[str, Any], job: Mapping[str, Any] | None, pods: list[Mapping[str, Any]],
+def plan_engine_build(eb: Mapping[str, Any], job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]],
                       config: OperatorConfig) -> BuildPlan:
-    """A build's Job exists until the build is terminal; its status follows the Job."""
+    """A build's Job exists until the build is terminal; its status follows the Job.
+
+    A target the runtime cannot build (only a hand-written EngineBuild can hold one: the operator
+    validates the targets of a ModelDeployment) fails the build without a Job.
+    """
     new_status = status.engine_build_status(eb, job, pods)
-    terminal = new_status.get("phase") in status.TERMINAL_PHASES
-    create = objects.build_job(eb, config) if job is None and not terminal else None
-    return BuildPlan(create_job=create, status=new_status)
+    if job is not None or new_status.get("phase") in status.TERMINAL_PHASES:
+        return BuildPlan(create_job=None, status=new_status)
+    try:
+        return BuildPlan(create_job=objects.build_job(eb, config), status=new_status)
+    except TargetError as e:
+        return BuildPlan(create_job=None, status={**new_status, "phase": "Failed", "verified": False,
+                                                  "reason": "InvalidTarget", "message": str(e)})
 
 
 def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

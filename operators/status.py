@@ -3,9 +3,10 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 from kubetrt.operators import objects
+from kubetrt.operators.names import SERVING_PORT
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 MESSAGE_LIMIT = 1024
@@ -26,7 +27,7 @@ def parse_build_result(message: str | None) -> dict[str, Any] | None:
     return None
 
 
-def termination_message(pods: list[Mapping[str, Any]], container: str = "build") -> str | None:
+def termination_message(pods: Sequence[Mapping[str, Any]], container: str = "build") -> str | None:
     """The newest terminated message of ``container`` among the Job's pods, if any."""
     found: list[tuple[str, str]] = []
     for pod in pods:
@@ -46,7 +47,7 @@ def _tail(text: str | None) -> str:
 
 
 def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
-                        pods: list[Mapping[str, Any]]) -> dict[str, Any]:
+                        pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
     """Status of an EngineBuild from its Job and the Job's pods; terminal phases are final."""
     old = dict(eb.get("status") or {})
     if old.get("phase") in TERMINAL_PHASES:
@@ -68,9 +69,10 @@ def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
         if result is None:
             return {**done, "phase": "Failed", "verified": False, "reason": "NoBuildResult",
                     "message": "the build Job succeeded but wrote no JSON result to /dev/termination-log"}
-        report = result.get("report") if isinstance(result.get("report"), dict) else {}
+        raw_report = result.get("report")
+        report: dict[str, Any] = dict(raw_report) if isinstance(raw_report, dict) else {}
         summary = str(report.get("summary") or result.get("summary") or "")
-        report = {**report, "summary": summary}
+        report["summary"] = summary
         if not result.get("verified"):
             return {**done, "phase": "Failed", "verified": False, "reason": "VerificationFailed",
                     "engineKey": str(result.get("engineKey") or ""), "report": report,
@@ -216,7 +218,7 @@ def model_deployment_status(md: Mapping[str, Any], spec: Mapping[str, Any], view
     gen = meta.get("generation")
     old = md.get("status") or {}
     svc = objects.service_name(meta["name"])
-    endpoint = f"http://{svc}.{meta['namespace']}.svc.{config.cluster_domain}:{objects.SERVING_PORT}"
+    endpoint = f"http://{svc}.{meta['namespace']}.svc.{config.cluster_domain}:{SERVING_PORT}"
     # The model URL names what the pods serve: while a new version builds, that is the old one.
     serving = next((v.serving for v in views if v.serving), None)
     model = (serving or {}).get("spec", {}).get("model") or spec.get("model") or {}

@@ -13,9 +13,10 @@ from typing import Any, Mapping
 
 import kubernetes
 
-from kubetrt.operators import objects, reconcile
+from kubetrt.operators import reconcile
 from kubetrt.operators.kube import KubeClient
-from kubetrt.operators.names import API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT
+from kubetrt.operators.names import (API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT, LABEL_APP_MANAGED_BY,
+                                     LABEL_BUILD, LABEL_MD, MANAGED_BY, label_value)
 from kubetrt.operators.objects import OperatorConfig
 
 log = logging.getLogger("kubetrt.operators.sync")
@@ -37,7 +38,7 @@ def now_iso() -> str:
 
 def observe(kube: KubeClient, namespace: str, md_name: str) -> reconcile.Observed:
     """Children of a ModelDeployment, found by its label (and owned by it)."""
-    sel = {objects.LABEL_MD: md_name[:63], "app.kubernetes.io/managed-by": objects.MANAGED_BY}
+    sel = {LABEL_MD: label_value(md_name), LABEL_APP_MANAGED_BY: MANAGED_BY}
 
     def by_name(api: str, kind: str) -> dict[str, Any]:
         return {o["metadata"]["name"]: o for o in kube.list(api, kind, namespace, sel)}
@@ -107,7 +108,7 @@ def sync_engine_build(kube: KubeClient, config: OperatorConfig, namespace: str, 
         job = kube.get("batch/v1", "Job", namespace, name)
         pods: list[dict[str, Any]] = []
         if job is not None and (job.get("status") or {}).get("conditions"):
-            pods = kube.list("v1", "Pod", namespace, {objects.LABEL_BUILD: name})
+            pods = kube.list("v1", "Pod", namespace, {LABEL_BUILD: name})
         plan = reconcile.plan_engine_build(eb, job, pods, config)
         if plan.create_job is not None:
             _create(kube, plan.create_job)

@@ -13,7 +13,9 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 from kubetrt.operators.names import (ANN_MODEL_DIGEST, ANN_VERIFIED_ENGINES, API_VERSION, GROUP, KIND_MODEL_DEPLOYMENT,
+                                     LABEL_APP_MANAGED_BY, LABEL_APP_NAME, PIPELINE_MANAGED_BY,
                                      PLURAL_MODEL_DEPLOYMENTS, TARGET_NAME_MAX, VERSION, dns_label)
+from kubetrt.runtime.target import CPU_PRODUCT, Target, parse_target
 
 
 def store_uri_for_cluster(uri: str) -> str:
@@ -21,17 +23,30 @@ def store_uri_for_cluster(uri: str) -> str:
     return uri if "://" in uri else "file://" + str(Path(uri).resolve())
 
 
-def target_name(record: Mapping[str, Any], taken: set[str]) -> str:
-    base = "cpu" if record["gpu_product"] == "cpu" else dns_label(record["gpu_product"], max_len=TARGET_NAME_MAX)
+def target_name(target: Target, taken: set[str]) -> str:
+    """A target name not in `taken` (added to it): the GPU product (or cpu), then its precision."""
+    base = dns_label(target.gpu_product, max_len=TARGET_NAME_MAX)
     name = base
     if name in taken:
-        name = dns_label(base[:24], record["precision"], max_len=TARGET_NAME_MAX)
+        name = dns_label(base[:24], target.precision, max_len=TARGET_NAME_MAX)
     i = 2
     while name in taken:
         name = dns_label(base[:26], str(i), max_len=TARGET_NAME_MAX)
         i += 1
     taken.add(name)
     return name
+
+
+def crd_target(target: Target) -> dict[str, Any]:
+    """The ModelDeployment target fields that place `target` (backend, precision, gpuProduct or cpu):
+    the inverse of the operator's `objects.engine_target`, but for the batch profile, which a
+    ModelDeployment sets once for all its targets."""
+    out: dict[str, Any] = {"backend": target.backend, "precision": target.precision}
+    if target.gpu_product == CPU_PRODUCT:
+        out["cpu"] = True
+    else:
+        out.update(gpuProduct=target.gpu_product, gpus=1)
+    return out
 
 
 def model_deployment(
@@ -60,17 +75,12 @@ def model_deployment(
     taken: set[str] = set()
     targets: list[dict[str, Any]] = []
     engines_ann: dict[str, str] = {}
-    for r in records:
-        name = target_name(r, taken)
-        t: dict[str, Any] = {"name": name, "backend": r["backend"], "precision": r["precision"], "replicas": replicas}
-        if r["gpu_product"] == "cpu":
-            t["cpu"] = True
-        else:
-            t["gpuProduct"] = r["gpu_product"]
-            t["gpus"] = 1
-        targets.append(t)
+    parsed = [parse_target(r["spec"]) for r in records]
+    for r, target in zip(records, parsed):
+        name = target_name(target, taken)
+        targets.append({"name": name, **crd_target(target), "replicas": replicas})
         engines_ann[name] = r["key"]
-    first = _profile(records[0]["spec"])
+    first = parsed[0].profile
     name = dns_label(model_name)
     return {
         "apiVersion": API_VERSION,
@@ -78,7 +88,7 @@ def model_deployment(
         "metadata": {
             "name": name,
             **({"namespace": namespace} if namespace else {}),
-            "labels": {"app.kubernetes.io/name": name, "app.kubernetes.io/managed-by": "kubetrt-pipeline"},
+            "labels": {LABEL_APP_NAME: name, LABEL_APP_MANAGED_BY: PIPELINE_MANAGED_BY},
             "annotations": {
                 ANN_VERIFIED_ENGINES: json.dumps(engines_ann, sort_keys=True),
                 ANN_MODEL_DIGEST: digests.pop(),
@@ -93,20 +103,13 @@ def model_deployment(
             },
             "store": {"uri": store_uri_for_cluster(store_uri)},
             "optimization": {
-                "precision": records[0]["precision"],
-                "maxBatchSize": first[2],
-                "batchProfile": {"min": first[0], "opt": first[1], "max": first[2]},
+                "precision": parsed[0].precision,
+                "maxBatchSize": first.max,
+                "batchProfile": {"min": first.min, "opt": first.opt, "max": first.max},
             },
             "targets": targets,
         },
     }
-
-
-def _profile(spec: str) -> tuple[int, int, int]:
-    from kubetrt.runtime.target import parse_target
-
-    p = parse_target(spec).profile
-    return p.min, p.opt, p.max
 
 
 def to_yaml(resource: Mapping[str, Any]) -> str:

@@ -4,11 +4,16 @@ A target spec is what a user asks for (GPU product, backend, precision, batch pr
 target adds what only the build node knows (compute capability, backend library version). The key
 of a resolved target names everything an engine depends on, so an engine is never loaded where its
 key differs from the node's.
+
+A target is written two ways, both defined here and nowhere else: the spec string users and the
+operator's build Job pass (`parse_target`, `Target.spec`), and the JSON object engine.json and
+reports carry (`Target.to_json`, `Target.from_json`).
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, replace
+from typing import Mapping
 
 BACKENDS = ("host", "cuda", "tensorrt")
 PRECISIONS = ("fp32", "fp16", "int8")
@@ -83,6 +88,7 @@ class Target:
         return re.sub(r"[^A-Za-z0-9._-]", "-", raw).lower()
 
     def to_json(self) -> dict[str, object]:
+        """The form engine.json and reports carry; `Target.from_json` reads it back."""
         return {
             "backend": self.backend,
             "gpu_product": self.gpu_product,
@@ -93,17 +99,34 @@ class Target:
         }
 
     @classmethod
-    def from_json(cls, d: dict[str, object]) -> "Target":
-        p = d.get("profile") or {}
-        assert isinstance(p, dict)
+    def from_json(cls, d: Mapping[str, object]) -> "Target":
+        """Inverse of `to_json`; an absent optional field takes the dataclass default."""
+        if "backend" not in d:
+            raise TargetError(f"target JSON {dict(d)!r}: expected a 'backend' field")
+        profile = d.get("profile") or {}
+        if not isinstance(profile, Mapping):
+            raise TargetError(f"target JSON profile {profile!r}: expected an object with min, opt and max")
         return cls(
             backend=str(d["backend"]),
             gpu_product=str(d.get("gpu_product", CPU_PRODUCT)),
             precision=str(d.get("precision", "fp32")),
-            profile=BatchProfile(int(p.get("min", 1)), int(p.get("opt", 8)), int(p.get("max", 32))),
-            compute_capability=d.get("compute_capability"),  # type: ignore[arg-type]
-            backend_version=d.get("backend_version"),  # type: ignore[arg-type]
+            profile=BatchProfile(**{k: _json_int(profile[k], k) for k in ("min", "opt", "max") if k in profile}),
+            compute_capability=_json_optional_str(d.get("compute_capability")),
+            backend_version=_json_optional_str(d.get("backend_version")),
         )
+
+
+def _json_int(value: object, field: str) -> int:
+    if isinstance(value, (int, str)) and not isinstance(value, bool):
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    raise TargetError(f"target JSON profile {field} {value!r}: expected an integer")
+
+
+def _json_optional_str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 _SPEC = re.compile(

@@ -19,7 +19,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("build", help="build, verify and publish the engine for one target (reuses a verified one)")
     p.add_argument("--package", required=True, metavar="URI", help="model package: directory, file://, or s3:// prefix")
     p.add_argument("--target", required=True, metavar="SPEC",
-                   help="e.g. host, tensorrt@NVIDIA-H100-80GB-HBM3:fp16:1/8/64 (or the operator's key=value form)")
+                   help="target spec, e.g. host or tensorrt@NVIDIA-H100-80GB-HBM3:fp16:1/8/64")
     p.add_argument("--store", required=True, metavar="URI", help="engine store: directory, PVC mount path, file:// or s3://")
     p.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
     p.add_argument("--termination-log", default=None, metavar="PATH",
@@ -38,15 +38,15 @@ def run(args: argparse.Namespace) -> int:
 
     from kubetrt.pipeline.stages import build_verify_publish
     from kubetrt.pipeline.store import fetch_package_uri, open_store
-    from kubetrt.pipeline.targets import parse_target_arg
     from kubetrt.pipeline.verify import VerificationError
+    from kubetrt.runtime.target import parse_target
 
-    target = parse_target_arg(args.target)
+    target = parse_target(args.target)
     store = open_store(args.store, s3_endpoint=args.s3_endpoint)
     with tempfile.TemporaryDirectory(prefix="kubetrt-build-") as tmp:
         package = fetch_package_uri(args.package, Path(tmp) / "package", s3_endpoint=args.s3_endpoint)
         try:
-            record = build_verify_publish(package, target, store, tmp)
+            record = build_verify_publish(package, target, store, tmp, verify=False)  # fetching checked it
         except VerificationError as e:
             _write_result(args.termination_log, {"verified": False, "engineKey": "", "report": {"summary": str(e)}})
             print(f"kubetrt build: verification failed: {e}", file=sys.stderr)

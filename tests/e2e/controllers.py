@@ -13,14 +13,14 @@ import datetime
 import os
 from typing import Any, Callable
 
-from kubetrt.operators import objects
+from kubetrt.operators import names
 from kubetrt.operators.kube import KubeClient
 from operator_testlib import NS, ApiServerEmulator, eventually
 from test_operator_integration import MD, objs
 
 import kubelet
 
-SERVING_URL = f"http://127.0.0.1:{objects.SERVING_PORT}"
+SERVING_URL = f"http://127.0.0.1:{names.SERVING_PORT}"
 
 
 def now() -> str:

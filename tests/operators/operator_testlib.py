@@ -19,7 +19,7 @@ import asyncio
 import aiohttp.web
 import kmock
 
-from kubetrt.operators import crds
+from kubetrt.operators import names
 from kubetrt.operators.objects import OperatorConfig
 
 STATUS_RESOURCES = {"modeldeployments", "enginebuilds", "deployments", "jobs", "horizontalpodautoscalers",
@@ -170,7 +170,7 @@ def md_body(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
         ],
     }
     spec.update(copy.deepcopy(spec_overrides))
-    return {"apiVersion": crds.API_VERSION, "kind": "ModelDeployment",
+    return {"apiVersion": names.API_VERSION, "kind": names.KIND_MODEL_DEPLOYMENT,
             "metadata": {"name": name, "namespace": NS, "uid": f"uid-{name}", "generation": 1,
                          "resourceVersion": "1"},
             "spec": spec}

@@ -98,22 +98,34 @@ def test_names_imports_the_standard_library_only() -> None:
 
 
 def test_crds_and_pipeline_spell_the_api_through_names() -> None:
-    from kubetrt.pipeline import deploy, targets
+    from kubetrt.pipeline import deploy
 
-    assert crds.GROUP == deploy.GROUP == names.GROUP and crds.API_VERSION == deploy.API_VERSION == names.API_VERSION
-    assert crds.model_deployment_crd()["metadata"]["name"] == f"{names.PLURAL_MODEL_DEPLOYMENTS}.{names.GROUP}"
-    assert targets.GPU_PRODUCT_LABEL == names.GPU_PRODUCT_LABEL and targets.GPU_RESOURCE == names.GPU_RESOURCE
-    assert deploy.dns_label is dns_label
+    crd = crds.model_deployment_crd()
+    assert crd["metadata"]["name"] == f"{names.PLURAL_MODEL_DEPLOYMENTS}.{names.GROUP}"
+    assert (crd["spec"]["group"], crd["spec"]["names"]["kind"]) == (names.GROUP, names.KIND_MODEL_DEPLOYMENT)
+    record = {"key": "k", "spec": "cuda@Tesla-T4:fp16:1/8/32", "gpu_product": "Tesla-T4", "backend": "cuda",
+              "precision": "fp16", "model_digest": "sha256:" + "0" * 64, "uri": "file:///s/d/k"}
+    md = deploy.model_deployment("My Model", "1", "/s/d/package", [record])
+    assert (md["apiVersion"], md["kind"]) == (names.API_VERSION, names.KIND_MODEL_DEPLOYMENT)
+    assert md["metadata"]["name"] == dns_label("My Model") and md["spec"]["targets"][0]["name"] == "tesla-t4"
+    assert set(md["metadata"]["annotations"]) == {names.ANN_VERIFIED_ENGINES, names.ANN_MODEL_DIGEST}
+
+
+def _spelled_names() -> tuple[tuple[str, ...], set[str]]:
+    """What code must not spell itself: prefixes of kubetrt's and shared label keys, and the exact
+    values names.py gives kinds, plurals and the operator's environment variables."""
+    exact = {v for k, v in vars(names).items()
+             if k.startswith(("KIND_", "PLURAL_", "ENV_")) and isinstance(v, str)}
+    return ("kubetrt.io", "nvidia.com/", "app.kubernetes.io/"), exact
 
 
 def test_kubernetes_names_are_spelled_only_in_names_py() -> None:
-    """A second spelling of an API group or GPU label drifts; code imports operators/names.py."""
-    import ast
-    from pathlib import Path
-
+    """A second spelling of an API group, kind, label key or GPU label drifts; code imports names.py."""
     repo = Path(__file__).resolve().parents[2]
+    prefixes, exact = _spelled_names()
+    assert {"ModelDeployment", "enginebuilds", "KUBETRT_SERVING_IMAGE"} <= exact
     found = []
-    for folder in ("kubetrt", "runtime", "serving", "pipeline", "operators"):
+    for folder in ("kubetrt", "runtime", "serving", "pipeline", "operators", "cli", "telemetry"):
         for path in (repo / folder).rglob("*.py"):
             if path.name == "names.py" and path.parent.name == "operators":
                 continue
@@ -121,6 +133,18 @@ def test_kubernetes_names_are_spelled_only_in_names_py() -> None:
             docstrings = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr)}
             for node in ast.walk(tree):
                 if (isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings
-                        and any(s in node.value for s in ("kubetrt.io", "nvidia.com/"))):
+                        and (node.value in exact or any(s in node.value for s in prefixes))):
                     found.append(f"{path.relative_to(repo)}:{node.lineno}: {node.value!r}")
     assert not found, "spelled outside operators/names.py:\n" + "\n".join(found)
+
+
+def test_operator_modules_do_not_load_the_runtime_to_name_a_target() -> None:
+    """The operator builds target specs with kubetrt.runtime.target; that must not pull in NumPy,
+    ONNX or Numba (the runtime's heavy exports load on first use)."""
+    code = ("import sys, kubetrt.operators.handlers, kubetrt.operators.install, kubetrt.pipeline.deploy; "
+            "print(sorted({'numpy', 'onnx', 'numba'} & set(sys.modules)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "[]"
+    code = "from kubetrt.runtime import Model, TensorSpec, load_model, ops; print(callable(load_model), ops.__name__)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
+    assert out == "True kubetrt.runtime.ops"

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import pytest
 from kubernetes.client.exceptions import ApiException
 
-from kubetrt.operators import objects, rbac
+from kubetrt.operators import names, objects, rbac
 from kubetrt.operators.kube import KubeClient
 
 from operator_testlib import NS, ApiServerEmulator, eventually
@@ -50,12 +50,12 @@ async def finish_build(client: KubeClient, api: ApiServerEmulator, target: str, 
     """Play the Job controller and kubelet for the target's unfinished build Job: its pod
     terminates, the Job completes or fails."""
     job_name = next(n for n, j in objs(api, "jobs").items()
-                    if j["metadata"]["labels"][objects.LABEL_TARGET] == target and not (j.get("status") or {}).get("conditions"))
+                    if j["metadata"]["labels"][names.LABEL_TARGET] == target and not (j.get("status") or {}).get("conditions"))
     message = (json.dumps({"engineKey": key, "verified": True, "report": {"summary": "max abs err 2e-3"}}) if ok
                else "Traceback (most recent call last):\nRuntimeError: CUDA out of memory")
     pod = {"apiVersion": "v1", "kind": "Pod",
            "metadata": {"name": f"{job_name}-abcde", "namespace": NS,
-                        "labels": {objects.LABEL_BUILD: job_name, "batch.kubernetes.io/job-name": job_name}},
+                        "labels": {names.LABEL_BUILD: job_name, "batch.kubernetes.io/job-name": job_name}},
            "spec": {"containers": [{"name": "build", "image": "x"}]},
            "status": {"phase": "Succeeded" if ok else "Failed", "containerStatuses": [{
                "name": "build", "state": {"terminated": {"exitCode": 0 if ok else 1, "message": message,
@@ -127,7 +127,7 @@ async def test_create_build_serve_status_and_delete_with_emulated_gc(
     # One EngineBuild and one pinned build Job per target.
     jobs = await eventually(lambda: len(objs(api, "jobs")) == 3 and objs(api, "jobs"))
     assert len(objs(api, "enginebuilds")) == 3
-    products = {j["metadata"]["labels"][objects.LABEL_TARGET]:
+    products = {j["metadata"]["labels"][names.LABEL_TARGET]:
                 j["spec"]["template"]["spec"]["nodeSelector"].get("nvidia.com/gpu.product") for j in jobs.values()}
     assert products == {"h100": "NVIDIA-H100-80GB-HBM3", "t4": "Tesla-T4", "cpu": None}
     assert "resnet" in objs(api, "services")

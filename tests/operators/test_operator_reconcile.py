@@ -7,8 +7,10 @@ import copy
 import json
 from typing import Any
 
-from kubetrt.operators import objects, reconcile, status
+from kubetrt.operators import names, objects, reconcile, status
 from kubetrt.operators.reconcile import Observed
+from kubetrt.pipeline import deploy
+from kubetrt.runtime.target import parse_target
 
 from operator_testlib import CONFIG, md_body
 
@@ -86,14 +88,14 @@ def test_build_job_is_pinned_to_the_gpu_product_and_runs_the_build_command() -> 
     (c,) = pod["containers"]
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert c["command"] == ["kubetrt", "build", "--package", "s3://models/resnet50/pkg", "--target",
-                            "name=t4,backend=tensorrt,gpu-product=Tesla-T4,precision=int8,batch=1:8:32,max-batch=32",
+                            "tensorrt@Tesla-T4:int8:1/8/32",
                             "--store", "s3://engines/resnet50", "--termination-log", c["terminationMessagePath"]]
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert c["securityContext"]["readOnlyRootFilesystem"] and not c["securityContext"]["allowPrivilegeEscalation"]
     assert pod["restartPolicy"] == "Never" and pod["securityContext"]["runAsNonRoot"]
     assert job["metadata"]["ownerReferences"][0]["kind"] == "EngineBuild"
-    assert job["spec"]["template"]["metadata"]["labels"][objects.LABEL_BUILD] == eb["metadata"]["name"]
+    assert job["spec"]["template"]["metadata"]["labels"][names.LABEL_BUILD] == eb["metadata"]["name"]
 
 
 def test_cpu_build_job_has_no_gpu_pinning() -> None:
@@ -101,6 +103,27 @@ def test_cpu_build_job_has_no_gpu_pinning() -> None:
     pod = objects.build_job(eb, CONFIG)["spec"]["template"]["spec"]
     assert "nvidia.com/gpu.product" not in pod["nodeSelector"] and pod["tolerations"] == []
     assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
+    command = pod["containers"][0]["command"]
+    assert command[command.index("--target") + 1] == "host:fp16:1/8/32"  # spec.optimization.precision
+
+
+def test_targets_the_pipeline_deploys_are_the_targets_the_operator_builds() -> None:
+    for spec in ("host:fp32:1/4/8", "cuda@Tesla-T4:fp16:2/8/64", "tensorrt@NVIDIA-H100-80GB-HBM3:int8:1/1/1"):
+        target = parse_target(spec)
+        profile = {"min": target.profile.min, "opt": target.profile.opt, "max": target.profile.max}
+        crd = {"name": "t", **deploy.crd_target(target), "batchProfile": profile}
+        assert objects.engine_target(crd) == target
+        assert objects.engine_target(crd).spec() == spec
+    assert deploy.crd_target(parse_target("host")) == {"backend": "host", "precision": "fp32", "cpu": True}
+
+
+def test_engine_build_with_a_target_the_runtime_cannot_build_fails_without_a_job() -> None:
+    eb = reconcile.plan_model_deployment(md_body(), Observed(), CONFIG, NOW).create[0]
+    eb["spec"]["target"]["batchProfile"] = {"min": 8, "opt": 4, "max": 32}  # only a hand-written EngineBuild
+    plan = reconcile.plan_engine_build(eb, None, [], CONFIG)
+    assert plan.create_job is None
+    assert (plan.status["phase"], plan.status["reason"]) == ("Failed", "InvalidTarget")
+    assert "expected 1 <= min <= opt <= max" in plan.status["message"]
 
 
 def flag(deployment: dict, name: str) -> str:
@@ -219,7 +242,7 @@ def test_new_engine_reaches_pods_only_after_it_verified() -> None:
     _, obs = converge(md, Observed())
     old_build = verify(obs, "h100", "old-key")
     _, obs = converge(md, obs)
-    assert objects.ANN_ENGINE_KEY in obs.deployments["resnet-h100"]["metadata"]["annotations"]
+    assert names.ANN_ENGINE_KEY in obs.deployments["resnet-h100"]["metadata"]["annotations"]
 
     md["metadata"]["generation"] = 2
     md["spec"]["targets"][0]["precision"] = "int8"  # needs a new engine
@@ -367,6 +390,6 @@ def test_engine_identity_ignores_replicas_but_not_precision() -> None:
 
 
 def test_names_are_valid_dns_labels() -> None:
-    long = objects.dns_label("m" * 80, "target")
-    assert len(long) <= 63 and long[0].isalpha() and long != objects.dns_label("m" * 81, "target")
-    assert objects.dns_label("9lives") == "x-9lives"
+    long = names.dns_label("m" * 80, "target")
+    assert len(long) <= 63 and long[0].isalpha() and long != names.dns_label("m" * 81, "target")
+    assert names.dns_label("9lives") == "x-9lives"

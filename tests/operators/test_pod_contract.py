@@ -15,6 +15,7 @@ import pytest
 from kubetrt.cli import build_parser
 from kubetrt.operators import objects, reconcile
 from kubetrt.operators.reconcile import Observed
+from kubetrt.runtime.target import BatchProfile, Target, parse_target
 from operator_testlib import CONFIG, md_body
 
 REPO = Path(__file__).resolve().parents[2]
@@ -37,6 +38,10 @@ def test_every_generated_flag_is_accepted_by_the_pods_command(index: int, comman
     c = generated_containers()[index]
     assert c["command"][:2] == ["kubetrt", command]
     args = build_parser().parse_args(c["command"][1:])  # argparse exits on any flag it does not know
+    if command == "build":  # the Job builds exactly the EngineBuild's target, as `kubetrt build` reads it
+        assert parse_target(args.target) == Target(backend="tensorrt", gpu_product="Tesla-T4", precision="int8",
+                                                   profile=BatchProfile(1, 8, 32))
+        assert (args.package, args.store) == ("s3://models/resnet50/pkg", "s3://engines/resnet50")
     if command == "serve":
         assert (args.engine_key, args.model_name, args.max_batch_size, args.preferred_batch_sizes) == \
             ("some-key", "resnet50", 16, (4, 8))
