@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bootstrap
 import numpy as np
 from kubetrt.runtime.devices.cuda import CudaRuntime
-from kubetrt.runtime.model import load_graph
+from kubetrt.runtime.onnx_import import load_package_graph
 from kubetrt.runtime.package import open_package
 
 
@@ -27,7 +27,7 @@ def time_kubetrt(package: Path, batch: int, precision: str, graphs: bool, iters:
     import cupy as cp
 
     manifest = open_package(package)
-    graph = load_graph(package, manifest)
+    graph = load_package_graph(package, manifest)
     rt = CudaRuntime()
     exe = rt.prepare(copy.deepcopy(graph), {"precision": precision, "cuda_graphs": graphs, "contexts": 1})
     shape = [batch if d < 0 else d for d in manifest.inputs[0].shape]

@@ -35,7 +35,7 @@ _COMPONENT = dict(base_image=DEFAULT_IMAGE, packages_to_install=[], install_kfp_
 
 
 @dsl.component(**_COMPONENT)
-def ingest_op(source: str, signature: str, s3_endpoint: str, savedmodel: Output[Artifact]) -> NamedTuple("Ingested", [("digest", str), ("name", str)]):
+def ingest_op(source: str, signature: str, s3_endpoint: str, savedmodel: Output[Artifact]) -> NamedTuple("Ingested", [("digest", str), ("name", str)]):  # type: ignore[valid-type]  # kfp reads the outputs from this call
     """Fetch and validate the SavedModel; returns its digest and the model name its URI implies."""
     import shutil
     import tempfile
@@ -48,7 +48,8 @@ def ingest_op(source: str, signature: str, s3_endpoint: str, savedmodel: Output[
         info = ingest_stage(source, tmp, signature, s3_endpoint=s3_endpoint or None)
         shutil.copytree(info.path, savedmodel.path)
     savedmodel.metadata["digest"] = info.digest
-    return namedtuple("Ingested", ["digest", "name"])(info.digest, model_name_from_uri(source))
+    Ingested = namedtuple("Ingested", ["digest", "name"])
+    return Ingested(info.digest, model_name_from_uri(source))
 
 
 @dsl.component(**_COMPONENT)
@@ -64,20 +65,21 @@ def lower_op(savedmodel: Input[Artifact], name: str, default_name: str, signatur
 
 
 @dsl.component(**_COMPONENT)
-def plan_op(target: str) -> NamedTuple("Plan", [("spec", str), ("node_selector", dict), ("gpus", int)]):
+def plan_op(target: str) -> NamedTuple("Plan", [("spec", str), ("node_selector", dict), ("gpus", int)]):  # type: ignore[valid-type]  # kfp reads the outputs from this call
     """Scheduling for one target: its node selector and GPU count (read by build and verify)."""
     from collections import namedtuple
 
     from kubetrt.pipeline.targets import plan_target
 
     plan = plan_target(target)
-    return namedtuple("Plan", ["spec", "node_selector", "gpus"])(
+    Plan = namedtuple("Plan", ["spec", "node_selector", "gpus"])
+    return Plan(
         plan["spec"], plan["node_selector"], 1 if plan["kind"] == "gpu" else 0
     )
 
 
 @dsl.component(**_COMPONENT)
-def build_op(package: Input[Model], target: str, store: str, s3_endpoint: str, engine: Output[Artifact]) -> NamedTuple("Build", [("key", str), ("reused", bool), ("target", str)]):
+def build_op(package: Input[Model], target: str, store: str, s3_endpoint: str, engine: Output[Artifact]) -> NamedTuple("Build", [("key", str), ("reused", bool), ("target", str)]):  # type: ignore[valid-type]  # kfp reads the outputs from this call
     """Build the engine on this node, unless the store already has a verified one for its key."""
     import json
     from collections import namedtuple
@@ -85,13 +87,17 @@ def build_op(package: Input[Model], target: str, store: str, s3_endpoint: str, e
 
     from kubetrt.pipeline.stages import build_stage
     from kubetrt.pipeline.store import open_store
+    from kubetrt.runtime.package import open_package
+    from kubetrt.runtime.target import parse_target
 
-    built = build_stage(package.path, target, open_store(store, s3_endpoint=s3_endpoint or None), engine.path)
+    built = build_stage(package.path, open_package(package.path), parse_target(target),
+                        open_store(store, s3_endpoint=s3_endpoint or None), engine.path)
     Path(engine.path).mkdir(parents=True, exist_ok=True)
     if built.reused:
         (Path(engine.path) / "REUSED").write_text(built.key + "\n")
     engine.metadata.update(key=built.key, reused=built.reused, build=json.dumps(built.metadata, default=str))
-    return namedtuple("Build", ["key", "reused", "target"])(built.key, built.reused, json.dumps(built.target.to_json()))
+    Build = namedtuple("Build", ["key", "reused", "target"])
+    return Build(built.key, built.reused, json.dumps(built.target.to_json()))
 
 
 @dsl.component(**_COMPONENT)
@@ -107,7 +113,8 @@ def verify_op(package: Input[Model], engine: Input[Artifact], target: str, key: 
 
     engine_store = open_store(store, s3_endpoint=s3_endpoint or None)
     resolved = Target.from_json(json.loads(target))
-    digest = model_digest(open_package(package.path))
+    manifest = open_package(package.path)
+    digest = model_digest(manifest)
     built = Built(key, resolved, digest, None if reused else Path(engine.path), reused=reused)
     if reused:
         stored = engine_store.read_report(digest, key)
@@ -116,7 +123,7 @@ def verify_op(package: Input[Model], engine: Input[Artifact], target: str, key: 
         Path(report.path).write_text(json.dumps(stored, indent=2))
         record = engine_record(engine_store, built, reused=True)
     else:
-        result = verify_stage(package.path, engine.path, resolved, key)
+        result = verify_stage(package.path, manifest, engine.path, resolved)
         Path(report.path).write_text(json.dumps(result, indent=2))  # kept even when it fails
         record = publish_stage(engine_store, built, result)
     report.metadata.update(key=key, passed=True, summary=record.summary)
@@ -162,9 +169,9 @@ def _on_node(task: dsl.PipelineTask, plan: dsl.PipelineTask, image: Any) -> dsl.
 
 def make_pipeline(default_targets: Sequence[str] = ("host",)) -> Any:
     """The pipeline function with `default_targets` (spec strings, validated now) as targets' default."""
-    from kubetrt.pipeline.targets import parse_target_arg
+    from kubetrt.runtime.target import parse_target
 
-    defaults = [parse_target_arg(t).spec() for t in default_targets]
+    defaults = [parse_target(t).spec() for t in default_targets]
     if not defaults:
         raise ValueError("no targets given; expected at least one, e.g. --target host")
 
@@ -237,9 +244,9 @@ def run_local(
     """
     from kfp import local
 
-    from kubetrt.pipeline.targets import parse_target_arg
+    from kubetrt.runtime.target import parse_target
 
-    specs = [parse_target_arg(t).spec() for t in targets]  # fail before starting anything
+    specs = [parse_target(t).spec() for t in targets]  # fail before starting anything
     root = Path(pipeline_root)
     root.mkdir(parents=True, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)

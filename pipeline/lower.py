@@ -23,6 +23,7 @@ from kubetrt.telemetry.logs import log
 from kubetrt.pipeline.errors import LowerError
 from kubetrt.pipeline.ingest import SERVE_TAG, SavedModelInfo, ingest, quiet_native_stderr, tensorflow
 from kubetrt.telemetry.progress import step
+from kubetrt.runtime.accuracy import HOST, Tolerance, check_output, tolerance_for
 from kubetrt.runtime.package import (
     GOLDEN,
     MODEL_ONNX,
@@ -39,9 +40,6 @@ logger = logging.getLogger("kubetrt.pipeline.lower")
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # below 13 tf2onnx falls back to different op forms that the runtime does not target
 GOLDEN_BATCH_SIZES: tuple[int, ...] = (1, 4)
-# onnxruntime must match TensorFlow elementwise within ATOL + RTOL * |tf| (floats); ints exactly.
-ATOL = 1e-4
-RTOL = 1e-4
 # Random integer inputs are drawn from [0, INT_HIGH): valid ids/indices for any table of >= 10 rows.
 INT_HIGH = 10
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -56,10 +54,11 @@ class OnnxCheck:
 
     max_abs_diff: float
     worst: str  # "batch4.output_0": where max_abs_diff occurred
+    tolerance: Tolerance
 
 
 def lower(
-    savedmodel: str | os.PathLike[str],
+    savedmodel: str | os.PathLike[str] | SavedModelInfo,
     out_dir: str | os.PathLike[str],
     name: str | None = None,
     signature: str = "serving_default",
@@ -72,15 +71,23 @@ def lower(
 
     `shapes` gives concrete sizes for dynamic non-batch input dims (full shape, batch dim -1),
     e.g. {"tokens": (-1, 16)}; they only shape the golden inputs, the ONNX graph stays dynamic.
+    A SavedModelInfo (what `ingest` returned for this signature) is lowered as it is, without
+    reading and hashing the SavedModel again.
     Raises IngestError/LowerError (ValueErrors) naming what was wrong and what was expected.
     """
     out = Path(out_dir)
-    name = _check_name("model name", name if name is not None else default_name(savedmodel))
+    path = savedmodel.path if isinstance(savedmodel, SavedModelInfo) else savedmodel
+    name = _check_name("model name", name if name is not None else default_name(path))
     version = _check_name("model version", str(version))
     if out.exists():
         raise LowerError(f"{out}: already exists; refusing to overwrite it (remove it or choose another output)")
-    with step(f"ingesting {savedmodel}"):
-        info = ingest(savedmodel, signature)
+    if isinstance(savedmodel, SavedModelInfo):
+        if savedmodel.signature != signature:
+            raise LowerError(f"{path}: ingested for signature {savedmodel.signature!r}, asked to lower {signature!r}")
+        info = savedmodel
+    else:
+        with step(f"ingesting {savedmodel}"):
+            info = ingest(Path(savedmodel), signature)
     tails = golden_shapes(info, shapes or {})
     check_opset(opset)
     try:
@@ -185,7 +192,7 @@ def _manifest(tmp: Path, info: SavedModelInfo, model: Any, check: OnnxCheck, tai
         source={"uri": info.path.as_uri(), "digest": info.digest, "tags": list(info.tags)},
         provenance=provenance(info),
         onnx={"opset": opset, "ir_version": int(model.ir_version), "converter": "tf2onnx",
-              "check": {"runtime": "onnxruntime", "atol": ATOL, "rtol": RTOL,
+              "check": {"runtime": "onnxruntime", "atol": check.tolerance.atol, "rtol": check.tolerance.rtol,
                         "max_abs_diff": check.max_abs_diff, "worst": check.worst}},
         golden={"batch_sizes": list(GOLDEN_BATCH_SIZES), "seed": seed,
                 "shapes": {k: [-1, *v] for k, v in sorted(tails.items())}},
@@ -398,7 +405,9 @@ def check_onnxruntime(model_path: Path, batches: Batches) -> OnnxCheck:
         session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own exception types, not exported uniformly
         raise LowerError(f"onnxruntime cannot load the lowered graph ({type(e).__name__}: {e})") from e
-    worst = OnnxCheck(0.0, "")
+    # onnxruntime computes on the host at TensorFlow's own precision
+    tol = tolerance_for("fp32", HOST)
+    worst = OnnxCheck(0.0, "", tol)
     for batch, (inputs, expected) in batches.items():
         names = list(expected)
         try:
@@ -407,31 +416,23 @@ def check_onnxruntime(model_path: Path, batches: Batches) -> OnnxCheck:
             raise LowerError(f"onnxruntime failed to run the lowered graph at batch {batch} "
                              f"({type(e).__name__}: {e})") from e
         for key in names:
-            diff = compare(f"batch{batch}.{key}", got[key], expected[key])
+            diff = check_faithful(f"batch{batch}.{key}", got[key], expected[key], tol)
             if diff >= worst.max_abs_diff:
-                worst = OnnxCheck(diff, f"batch{batch}.{key}")
+                worst = OnnxCheck(diff, f"batch{batch}.{key}", tol)
     return worst
 
 
-def compare(where: str, got: np.ndarray, want: np.ndarray) -> float:
-    """Max abs difference of onnxruntime vs TensorFlow; LowerError if beyond ATOL + RTOL*|want|."""
+def check_faithful(where: str, got: np.ndarray, want: np.ndarray, tol: Tolerance) -> float:
+    """Max abs difference of onnxruntime vs TensorFlow; LowerError unless dtypes match and the
+    values are within `tol`."""
     if got.shape != want.shape or got.dtype != want.dtype:
         raise LowerError(f"onnxruntime output {where} is {got.dtype}{list(got.shape)}; "
                          f"TensorFlow gave {want.dtype}{list(want.shape)}")
-    if not np.issubdtype(want.dtype, np.inexact):
-        if not np.array_equal(got, want):
-            raise LowerError(f"onnxruntime output {where} differs from TensorFlow (expected exact equality "
-                             f"for {want.dtype}, {int(np.sum(got != want))} elements differ)")
-        return 0.0
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    if not np.array_equal(np.isnan(g), np.isnan(w)):
-        raise LowerError(f"onnxruntime output {where}: NaNs differ from TensorFlow's")
-    ok = ~np.isnan(w)
-    diff = float(np.max(np.abs(g[ok] - w[ok]), initial=0.0))
-    if not np.allclose(g[ok], w[ok], atol=ATOL, rtol=RTOL):
-        raise LowerError(f"onnxruntime output {where} differs from TensorFlow: max abs diff {diff:.3g}, "
-                         f"expected within {ATOL:g} + {RTOL:g}*|tf|; the conversion is not faithful")
-    return diff
+    result = check_output(where, got, want, tol)
+    if not result.passed:
+        raise LowerError(f"onnxruntime output {where} differs from TensorFlow: {result.reason}; "
+                         "the conversion is not faithful")
+    return result.max_abs_error
 
 
 def _manifest_specs(values: Any, specs: Sequence[TensorSpec]) -> list[TensorSpec]:

@@ -25,7 +25,10 @@ from kubetrt.telemetry.logs import log
 from kubetrt.pipeline.errors import PipelineError
 from kubetrt.pipeline.sources import parse_uri
 from kubetrt.pipeline.store import assemble_package, fetch_package_uri, model_digest, open_store
+from kubetrt.runtime.engine import check_engine_fits_node, manifest_entry
+from kubetrt.runtime.errors import DeviceUnavailableError
 from kubetrt.runtime.package import ENGINES, Manifest, PackageError, open_package, read_manifest
+from kubetrt.runtime.target import Target, TargetError
 
 logger = logging.getLogger("kubetrt.pipeline")
 
@@ -105,8 +108,7 @@ def _add_engine(source: ServableSource, key: str, package: Path, tmp: Path) -> N
         raise ServableError(f"engine {key} in {source.store_uri} did not pass verification: {report.get('summary')}")
     target = _check_fits_node(key, report)
     store.fetch_engine(digest, key, tmp / "engine")
-    entry = {"backend": target.backend, "target": report["target"], "spec": report.get("spec"),
-             "summary": report.get("summary", "")}
+    entry = manifest_entry(target, summary=report.get("summary", ""), tolerance=report.get("tolerance"))
     assemble_package(package, {key: (tmp / "engine", entry)}, tmp / "servable")
 
 
@@ -117,22 +119,16 @@ def _default_cache() -> Path:
         raise ServableError(f"no writable temp directory for fetched packages ({e}); give --cache-dir DIR") from e
 
 
-def _check_fits_node(key: str, report: dict[str, Any]) -> Any:
+def _check_fits_node(key: str, report: dict[str, Any]) -> Target:
     """The engine's Target, if this node can run it; refused before any engine file is copied."""
-    from kubetrt.runtime.devices import check_engine_fits_node
-    from kubetrt.runtime.errors import DeviceUnavailableError
-    from kubetrt.runtime.target import Target, TargetError
-
     try:
         target = Target.from_json(report["target"])
     except (KeyError, TypeError, ValueError) as e:
         raise ServableError(f"engine {key}: its verification report names no usable target ({e})") from e
     try:
         check_engine_fits_node(key, target)
-    except (DeviceUnavailableError, ImportError) as e:
+    except (DeviceUnavailableError, ImportError, TargetError) as e:
         raise ServableError(f"engine {key} cannot run on this node: {e}") from e
-    except TargetError as e:
-        raise ServableError(str(e)) from e
     return target
 
 

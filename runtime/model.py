@@ -3,26 +3,19 @@ from __future__ import annotations
 
 import asyncio
 import os
+from concurrent.futures import Future
+from functools import partial
 from pathlib import Path
 from typing import Any, Mapping
 
 import numpy as np
 
-from .devices import get_device, read_engine, resolve_device
-from .devices.host import shared_pool
+from .devices import get_device, resolve_device
+from .engine import read_engine
 from .errors import InputError
-from .graph import Graph
-from .onnx_import import load_onnx
-from .package import ENGINES, MODEL_ONNX, Manifest, TensorSpec, open_package
-
-
-def load_graph(package_dir: str | os.PathLike[str], manifest: Manifest) -> Graph:
-    graph = load_onnx(Path(package_dir) / MODEL_ONNX)
-    names = {v.name for v in graph.inputs}
-    missing = [t.name for t in manifest.inputs if t.name not in names]
-    if missing:
-        raise InputError(f"{package_dir}: manifest inputs {missing} are not inputs of model.onnx ({sorted(names)})")
-    return graph
+from .kernels.parallel import shared_pool
+from .onnx_import import load_package_graph
+from .package import ENGINES, Manifest, TensorSpec, open_package
 
 
 def check_feeds(specs: list[TensorSpec], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -60,7 +53,7 @@ def describe(specs: list[TensorSpec]) -> str:
 
 
 class Model:
-    """A loaded model: thread-safe `predict`, awaitable `infer`."""
+    """A loaded model: thread-safe `predict`, `predict_async` (a Future), awaitable `infer`."""
 
     def __init__(self, package_dir: Path, manifest: Manifest, executable: Any, graph_inputs: list[str], graph_outputs: list[str], device: str, engine: dict[str, Any] | None) -> None:
         self.package_dir = package_dir
@@ -91,15 +84,26 @@ class Model:
     def predict(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return self._run_checked(self.validate_inputs(feeds))
 
-    async def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+    def predict_async(self, feeds: Mapping[str, Any]) -> Future[dict[str, np.ndarray]]:
+        """Check the inputs and start a run; the Future resolves to the outputs. No thread is
+        parked waiting for it: a dataflow executable completes it from its own kernels, any other
+        runs on the runtime's shared host pool."""
         checked = self.validate_inputs(feeds)
-        loop = asyncio.get_running_loop()
         run_async = getattr(self._exe, "run_async", None)
-        if run_async is not None:  # dataflow: no thread parked waiting for the graph
-            fut = run_async([checked[n] for n in self._input_order])
-            results = await asyncio.wrap_future(fut)
-            return dict(zip(self._output_names, results))
-        return await loop.run_in_executor(shared_pool(), self._run_checked, checked)
+        if run_async is None:
+            return shared_pool().submit(self._run_checked, checked)
+        named: Future[dict[str, np.ndarray]] = Future()
+        run_async([checked[n] for n in self._input_order]).add_done_callback(partial(self._name_outputs, named))
+        return named
+
+    def _name_outputs(self, named: Future[dict[str, np.ndarray]], done: Future[list[np.ndarray]]) -> None:
+        try:
+            named.set_result(dict(zip(self._output_names, done.result())))
+        except BaseException as e:  # noqa: BLE001 - whatever failed the run fails the caller's Future
+            named.set_exception(e)
+
+    async def infer(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        return await asyncio.wrap_future(self.predict_async(feeds))
 
 
 def load_model(package_dir: str | os.PathLike[str], device: str = "host", *, engine_key: str | None = None, engine_dir: str | os.PathLike[str] | None = None, verify: bool = True, executor: str | None = None) -> Model:
@@ -124,7 +128,7 @@ def load_model(package_dir: str | os.PathLike[str], device: str = "host", *, eng
     name = resolve_device(device)
     dev = get_device(name)
     dev.check_available()
-    graph = load_graph(package_dir, manifest)
+    graph = load_package_graph(package_dir, manifest)
     options = dict(engine.get("options", {})) if engine else {}
     if engine_dir is not None:
         options["engine_dir"] = str(engine_dir)

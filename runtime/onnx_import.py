@@ -2,14 +2,16 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from .errors import RuntimeModelError
+from .errors import InputError, RuntimeModelError
 from .graph import Graph, Node, ValueInfo
+from .package import MODEL_ONNX, Manifest
 
 
 def _attr_value(a: onnx.AttributeProto) -> Any:
@@ -63,3 +65,13 @@ def load_onnx(path: str | os.PathLike[str]) -> Graph:
     except Exception as e:  # protobuf raises DecodeError and friends
         raise RuntimeModelError(f"{path}: not a readable ONNX model ({type(e).__name__}: {e})") from e
     return from_proto(model)
+
+
+def load_package_graph(package_dir: str | os.PathLike[str], manifest: Manifest) -> Graph:
+    """The package's model.onnx as a Graph, refused if the manifest names inputs it does not have."""
+    graph = load_onnx(Path(package_dir) / MODEL_ONNX)
+    names = {v.name for v in graph.inputs}
+    missing = [t.name for t in manifest.inputs if t.name not in names]
+    if missing:
+        raise InputError(f"{package_dir}: manifest inputs {missing} are not inputs of model.onnx ({sorted(names)})")
+    return graph

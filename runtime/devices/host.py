@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import copy
 import platform
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -16,19 +15,6 @@ from ..timing import median_seconds
 from ..program import compile_graph
 from ..target import Target
 from . import NodeIdentity
-
-_POOL: ThreadPoolExecutor | None = None
-
-
-def shared_pool() -> ThreadPoolExecutor:
-    """One pool per process, as wide as the CPU the process may use (KUBETRT_THREADS, which the
-    operator fills from the pod's CPU limit): kernels and BLAS already use the cores; more threads
-    only thrash the CFS quota."""
-    global _POOL
-    if _POOL is None:
-        _POOL = ThreadPoolExecutor(max_workers=parallel.THREADS, thread_name_prefix="kubetrt")
-    return _POOL
-
 
 class HostRuntime:
     name = "host"
@@ -44,7 +30,7 @@ class HostRuntime:
         keep_freed_memory()
         executor = options.get("executor", "sequential")
         if executor == "dataflow":
-            return DataflowExecutor(compile_graph(graph, "host", concurrent=True), shared_pool())
+            return DataflowExecutor(compile_graph(graph, "host", concurrent=True), parallel.shared_pool())
         if executor != "sequential":
             raise ValueError(f"host executor {executor!r}: expected sequential or dataflow")
         return SequentialPlan(compile_graph(graph, "host"))

@@ -1,15 +1,15 @@
 """Matrix products split across the runtime's own thread pool, BLAS kept single-threaded.
 
 Why not let OpenBLAS thread? Its workers spin-wait on a barrier; on a 2-core node that also runs
-the server, the batcher or a neighbour, one descheduled worker stalls every GEMM (we measured 10x
-slowdowns on pointwise convolutions under load). Our pool's idle threads block instead of spin,
+the server, the batcher or a neighbour, one descheduled worker stalls every GEMM, and pointwise
+convolutions slow down by an order of magnitude under load. Our pool's idle threads block instead of spin,
 and independent kernels of the dataflow executor share the same workers rather than fighting a
 second pool. NumPy releases the GIL inside BLAS, so the halves run truly in parallel.
 """
 from __future__ import annotations
 
 import os
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
 import numpy as np
@@ -32,7 +32,7 @@ def threads_from_env(name: str) -> int:
 
 
 THREADS = threads_from_env("KUBETRT_THREADS")
-MIN_FLOPS_PER_THREAD = 8_000_000  # below this (~0.07 ms of GEMM), a thread hop costs more than it saves
+MIN_FLOPS_PER_THREAD = 8_000_000  # below this a thread hop costs more than the GEMM slice it moves
 _limited = False
 
 
@@ -50,10 +50,17 @@ def single_threaded_blas() -> None:
         pass
 
 
-def _pool():  # type: ignore[no-untyped-def]
-    from ..devices.host import shared_pool
+_POOL: ThreadPoolExecutor | None = None
 
-    return shared_pool()
+
+def shared_pool() -> ThreadPoolExecutor:
+    """One pool per process, as wide as the CPU the process may use (KUBETRT_THREADS, which the
+    operator fills from the pod's CPU limit): kernels and BLAS already use the cores; more threads
+    only thrash the CFS quota. Whole inferences and GEMM slices share it."""
+    global _POOL
+    if _POOL is None:
+        _POOL = ThreadPoolExecutor(max_workers=THREADS, thread_name_prefix="kubetrt")
+    return _POOL
 
 
 def parts_for(flops: int, extent: int) -> int:
@@ -112,7 +119,7 @@ def _split(work: Callable[[int, int], object], extent: int, parts: int) -> None:
     inline. Slices are leaf tasks, so this always makes progress.
     """
     bounds = [extent * i // parts for i in range(parts + 1)]
-    futures: list[Future] = [_pool().submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
+    futures: list[Future] = [shared_pool().submit(work, lo, hi) for lo, hi in zip(bounds[1:-1], bounds[2:])]
     try:
         work(bounds[0], bounds[1])
     finally:

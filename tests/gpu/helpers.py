@@ -8,13 +8,13 @@ from typing import Any
 import numpy as np
 import onnx
 from kubetrt.runtime.graph import Graph
-from kubetrt.runtime.model import load_graph
+from kubetrt.runtime.onnx_import import load_package_graph
 from kubetrt.runtime.package import load_golden, open_package
 
 
 def load(pkg: Path) -> tuple[Graph, dict[int, Any]]:
     manifest = open_package(pkg)
-    return load_graph(pkg, manifest), load_golden(pkg, manifest)
+    return load_package_graph(pkg, manifest), load_golden(pkg, manifest)
 
 
 def max_error(got: list[np.ndarray], want: dict[str, np.ndarray], graph: Graph) -> float:

@@ -22,6 +22,7 @@ from kubetrt.pipeline.store import (
     open_store,
 )
 from kubetrt.pipeline.verify import VerificationError
+from kubetrt.runtime import load_model
 from kubetrt.runtime.package import PackageError, open_package
 from kubetrt.runtime.target import parse_target
 
@@ -36,8 +37,9 @@ def package(zoo) -> Path:
 @pytest.fixture
 def built(package: Path, tmp_path: Path):
     """A host engine built (not published) with its passing report."""
-    b = build_stage(package, HOST, None, tmp_path / "engine")
-    return b, verify_stage(package, b.engine_dir, b.target, b.key)
+    manifest = open_package(package)
+    b = build_stage(package, manifest, HOST, None, tmp_path / "engine")
+    return b, verify_stage(package, manifest, b.engine_dir, b.target)
 
 
 def test_publish_fetch_and_reuse(package: Path, tmp_path: Path) -> None:
@@ -146,10 +148,8 @@ def test_tampered_engine_detected_on_fetch_and_load(package: Path, tmp_path: Pat
 
     pkg = assemble_package(package, {rec.key: (Path(rec.uri), {"backend": "host"})}, tmp_path / "pkg")
     (pkg / "engines" / rec.key / "engine.json").write_text("{}")
-    from kubetrt.pipeline.stages import load_packaged_engine
-
     with pytest.raises(PackageError, match="digest mismatch"):
-        load_packaged_engine(pkg, "host", rec.key)
+        load_model(pkg, "host", engine_key=rec.key)
 
 
 def test_store_rejects_unsupported_scheme() -> None:
