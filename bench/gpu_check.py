@@ -2,8 +2,8 @@
 
     PYTHONPATH=. python bench/gpu_check.py PKG_DIR [PKG_DIR ...] [--precision fp32 fp16]
 
-Runs each package at every golden batch size, eager and with CUDA Graph replay; fp32 must be
-within 1e-3 (relative to max(1, max|golden|), allowing TF32 GEMMs), fp16 within 1e-2. Prints a
+Runs each package at every golden batch size, eager and with CUDA Graph replay; outputs must match
+at the gpu tolerance for the precision that verification uses (kubetrt.runtime.accuracy). Prints a
 table; exits 1 if any check fails. Needs only numpy, onnx and cupy (no TensorFlow).
 """
 from __future__ import annotations
@@ -16,14 +16,15 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bootstrap
-from kubetrt.runtime.devices.cuda import TOLERANCE, CudaRuntime, relative_error
-from kubetrt.runtime.model import load_graph
+from kubetrt.runtime.accuracy import GPU, compare, tolerance_for
+from kubetrt.runtime.devices.cuda import CudaRuntime
+from kubetrt.runtime.onnx_import import load_package_graph
 from kubetrt.runtime.package import load_golden, open_package
 
 
 def check(package: Path, precision: str, graphs: bool, rt: CudaRuntime) -> list[dict]:
     manifest = open_package(package)
-    graph = load_graph(package, manifest)
+    graph = load_package_graph(package, manifest)
     golden = load_golden(package, manifest)
     exe = rt.prepare(copy.deepcopy(graph), {"precision": precision, "cuda_graphs": graphs, "contexts": 1})
     rows = []
@@ -33,9 +34,10 @@ def check(package: Path, precision: str, graphs: bool, rt: CudaRuntime) -> list[
         t0 = time.perf_counter()
         got = exe.run(feeds)
         ms = (time.perf_counter() - t0) * 1e3
-        err = max(relative_error(g, outs[o.name]) for g, o in zip(got, graph.outputs))
+        result = compare(dict(zip([o.name for o in graph.outputs], got)), outs, tolerance_for(precision, GPU))
         rows.append({"model": manifest.name, "precision": precision, "mode": "graph" if exe.cuda_graphs else "eager",
-                     "batch": batch, "rel_err": err, "ok": err <= TOLERANCE[precision], "ms": ms})
+                     "batch": batch, "abs_err": result.max_abs_error, "ok": result.passed, "ms": ms,
+                     "error": result.reason() or ""})
     return rows
 
 
@@ -55,11 +57,11 @@ def main(argv: list[str] | None = None) -> int:
                     rows += check(pkg, precision, graphs, rt)
                 except Exception as e:  # report and keep checking the others
                     rows.append({"model": pkg.name, "precision": precision, "mode": "graph" if graphs else "eager",
-                                 "batch": "-", "rel_err": float("nan"), "ok": False, "ms": 0.0, "error": f"{type(e).__name__}: {e}"})
-    print(f"{'model':<16} {'prec':<5} {'mode':<6} {'batch':>5} {'rel_err':>10} {'tol':>7} {'ms':>9}  result")
+                                 "batch": "-", "abs_err": float("nan"), "ok": False, "ms": 0.0, "error": f"{type(e).__name__}: {e}"})
+    print(f"{'model':<16} {'prec':<5} {'mode':<6} {'batch':>5} {'abs_err':>10} {'tol':>7} {'ms':>9}  result")
     for r in rows:
-        print(f"{r['model']:<16} {r['precision']:<5} {r['mode']:<6} {r['batch']!s:>5} {r['rel_err']:>10.2e} "
-              f"{TOLERANCE[r['precision']]:>7.0e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')}")
+        print(f"{r['model']:<16} {r['precision']:<5} {r['mode']:<6} {r['batch']!s:>5} {r['abs_err']:>10.2e} "
+              f"{tolerance_for(r['precision'], GPU).atol:>7.0e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')}")
     failed = sum(not r["ok"] for r in rows)
     print(f"{len(rows) - failed}/{len(rows)} checks passed")
     return 1 if failed else 0

@@ -1,13 +1,8 @@
 """Verification: a built engine must reproduce TensorFlow's golden outputs before it is published.
 
-The tolerance depends on precision and device, because reduced precision legitimately changes
-the numbers:
-  fp32 on the host   1e-4  (same arithmetic, different summation order)
-  fp32 on a GPU      1e-3  (TF32 tensor cores may be used for fp32 matmul/conv)
-  fp16               1e-2
-  int8               1e-1  (explicit Q/DQ quantization; stated loosely on purpose: int8 accuracy
-                            belongs in a task metric, this only catches broken engines)
-An element passes when |engine - tf| <= tol + tol * |tf| (numpy.allclose with atol = rtol = tol).
+The metric and the tolerance for the target's precision and device class are the runtime's
+(kubetrt.runtime.accuracy); the report records exactly what was checked, so serving can hold the
+published engine to the same tolerance when it loads.
 """
 from __future__ import annotations
 
@@ -17,53 +12,12 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from kubetrt.pipeline.errors import PipelineError
+from kubetrt.runtime.accuracy import Tolerance, compare, device_class, tolerance_for
 from kubetrt.runtime.target import Target
-
-TOLERANCES: dict[tuple[str, str], float] = {
-    ("fp32", "host"): 1e-4,
-    ("fp32", "gpu"): 1e-3,
-    ("fp16", "host"): 1e-2,
-    ("fp16", "gpu"): 1e-2,
-    ("int8", "host"): 1e-1,
-    ("int8", "gpu"): 1e-1,
-}
 
 
 class VerificationError(PipelineError):
     """An engine's outputs differ from TensorFlow's beyond the precision's tolerance."""
-
-
-def tolerance(target: Target) -> float:
-    """The atol = rtol used to compare this target's outputs with TensorFlow's."""
-    return TOLERANCES[(target.precision, "gpu" if target.is_gpu else "host")]
-
-
-def compare_outputs(got: Mapping[str, np.ndarray], want: Mapping[str, np.ndarray], tol: float) -> list[dict[str, Any]]:
-    """Per-output errors and verdicts; a missing output, shape mismatch or NaN is a failure."""
-    results: list[dict[str, Any]] = []
-    for name, ref in sorted(want.items()):
-        entry: dict[str, Any] = {"output": name, "shape": list(np.shape(ref))}
-        out = got.get(name)
-        if out is None:
-            results.append(dict(entry, passed=False, error=f"engine did not produce output {name!r}"))
-            continue
-        out = np.asarray(out)
-        if out.shape != np.shape(ref):
-            results.append(dict(entry, passed=False, error=f"shape {list(out.shape)}, expected {list(np.shape(ref))}"))
-            continue
-        a = out.astype(np.float64)
-        b = np.asarray(ref).astype(np.float64)
-        diff = np.abs(a - b)
-        max_abs = float(diff.max()) if diff.size else 0.0
-        rel = diff / np.maximum(np.abs(b), np.finfo(np.float64).tiny)
-        max_rel = float(rel.max()) if rel.size else 0.0
-        finite = bool(np.isfinite(a).all() == np.isfinite(b).all() and np.array_equal(np.isnan(a), np.isnan(b)))
-        ok = finite and bool(np.allclose(a, b, atol=tol, rtol=tol, equal_nan=True))
-        entry.update(max_abs_error=max_abs, max_rel_error=_json_float(max_rel), passed=ok)
-        if not finite:
-            entry["error"] = "non-finite values differ from TensorFlow's"
-        results.append(entry)
-    return results
 
 
 def verify_predictions(
@@ -76,7 +30,7 @@ def verify_predictions(
     Raises nothing on a mismatch: the report says pass or fail, and callers decide (publish or
     refuse). Raises VerificationError only when no golden batch fits the profile at all.
     """
-    tol = tolerance(target)
+    tol = tolerance_for(target.precision, device_class(target.backend))
     batches = sorted(b for b in golden if target.profile.min <= b <= target.profile.max)
     skipped = sorted(set(golden) - set(batches))
     if not batches:
@@ -84,29 +38,32 @@ def verify_predictions(
             f"no golden batch size ({sorted(golden)}) is inside the target's batch profile {target.profile}; "
             "lower the model with golden batches the profile covers"
         )
-    per_batch: list[dict[str, Any]] = []
-    for b in batches:
-        inputs, want = golden[b]
-        try:
-            got = predict(dict(inputs))
-            outputs = compare_outputs(got, want, tol)
-        except Exception as e:  # an engine that crashes on valid input fails verification
-            outputs = [{"output": "*", "passed": False, "error": f"{type(e).__name__}: {e}"}]
-        per_batch.append({"batch": b, "outputs": outputs, "passed": all(o["passed"] for o in outputs)})
+    checked = [_verify_batch(predict, b, golden[b], tol) for b in batches]
+    per_batch = [entry for entry, _ in checked]
+    worst = max(err for _, err in checked)
     passed = all(r["passed"] for r in per_batch)
-    worst = max((o.get("max_abs_error", math.inf) for r in per_batch for o in r["outputs"]), default=0.0)
-    summary = (
-        f"{'passed' if passed else 'FAILED'}: max abs error {worst:.3g} at tolerance {tol:g} "
-        f"({target.precision}, {'gpu' if target.is_gpu else 'host'}) over batches {batches}"
-    )
+    summary = (f"{'passed' if passed else 'FAILED'}: max abs error {worst:.3g} at tolerance {tol.describe()} "
+               f"over batches {batches}")
     return {
         "passed": passed,
-        "tolerance": {"atol": tol, "rtol": tol, "precision": target.precision},
+        "tolerance": tol.to_json(),
         "batches": per_batch,
         "skipped_batches": skipped,
         "summary": summary,
     }
 
 
-def _json_float(x: float) -> float | None:
-    return x if math.isfinite(x) else None
+def _verify_batch(
+    predict: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    batch: int,
+    data: tuple[dict[str, np.ndarray], dict[str, np.ndarray]],
+    tol: Tolerance,
+) -> tuple[dict[str, Any], float]:
+    """One golden batch's report entry and its max abs error (inf when the engine crashed)."""
+    inputs, want = data
+    try:
+        result = compare(predict(dict(inputs)), want, tol)
+    except Exception as e:  # an engine that crashes on valid input fails verification
+        return {"batch": batch, "outputs": [{"output": "*", "passed": False, "error": f"{type(e).__name__}: {e}"}],
+                "passed": False}, math.inf
+    return {"batch": batch, "outputs": [o.to_json() for o in result.outputs], "passed": result.passed}, result.max_abs_error

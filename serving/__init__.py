@@ -2,6 +2,6 @@
 
 Modules, one job each: app (FastAPI routes), oip (Open Inference Protocol codec), tfserving
 (TF Serving REST codec), tensors (datatypes, JSON -> arrays), registry (loaded models, golden
-warm-up, readiness), metrics (Prometheus), errors (status + {"error": ...}), server (uvicorn
-with graceful shutdown). The dynamic batcher lives in kubetrt.runtime.batcher.
+warm-up, readiness), batcher (dynamic batching onto the runtime's futures), metrics
+(Prometheus), errors (status + {"error": ...}), server (uvicorn with graceful shutdown).
 """

@@ -1,10 +1,14 @@
-"""Dynamic batcher: an asyncio front that queues requests, worker threads that merge and run them.
+"""Dynamic batcher: an asyncio front that queues requests, one thread that merges them, and the
+runtime's futures that complete them.
 
-Why threads behind an asyncio front: the serving event loop must never block on compute, and the
-runtime's `predict` is synchronous and thread-safe (NumPy/CuPy release the GIL), so a small pool
-of worker threads pulls requests off one bounded queue, merges the ones whose inputs agree on all
-but the batch dimension (np.concatenate on dim 0), runs one compute call and splits the outputs
-back. Policy, in order:
+Why a thread behind an asyncio front: the serving event loop must never block, and forming a
+batch waits on a bounded queue with timed waits. That thread merges queued requests whose inputs
+agree on all but the batch dimension (np.concatenate on dim 0) and starts one run:
+`compute(feeds)` returns a concurrent.futures.Future (the runtime Model's `predict_async`). The
+run's completion callback splits the outputs back and resolves the requests' asyncio futures, so
+no thread waits on a result. At most `workers` batches are in flight: the next batch is formed
+only once a slot is free, so under load requests keep accumulating into larger batches. Policy,
+in order:
 
 - nothing else waiting: dispatch at once (no added latency at concurrency 1);
 - the batch reached `max_batch_size` or a preferred size: dispatch (a full batch is cut to its
@@ -14,8 +18,8 @@ back. Policy, in order:
 
 Back-pressure: the queue holds at most `max_queue_size` requests; beyond that `submit` raises
 `QueueFull` at once instead of buffering without bound. A request past its deadline fails with
-`DeadlineExceeded` and is never computed if it had not started. A compute error fails only the
-requests of that batch; the workers carry on.
+`DeadlineExceeded` and is never computed if it had not started. A compute error (raised when the
+run starts, or carried by its Future) fails only the requests of that batch; batching carries on.
 """
 from __future__ import annotations
 
@@ -23,13 +27,16 @@ import asyncio
 import collections
 import threading
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
 Feeds = Mapping[str, np.ndarray]
 Outputs = dict[str, np.ndarray]
+Compute = Callable[[Feeds], Future[Outputs]]  # starts a run; the Future holds its outputs
 
 
 class BatcherError(RuntimeError):
@@ -53,7 +60,8 @@ class BatchComputeError(BatcherError):
 
 
 class BatchObserver(Protocol):
-    """Hook for metrics; called from worker threads, so implementations must be thread-safe."""
+    """Hook for metrics; called from the thread that completed a run, so implementations must be
+    thread-safe."""
 
     def on_batch(self, rows: int, requests: int, queue_seconds: Sequence[float], compute_seconds: float) -> None: ...
 
@@ -64,7 +72,7 @@ class BatcherConfig:
     max_queue_delay_us: int = 500
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 1024
-    workers: int = 1
+    workers: int = 1  # batches in flight at once
 
     def __post_init__(self) -> None:
         if self.max_batch_size < 1:
@@ -118,7 +126,7 @@ class Batcher:
 
     def __init__(
         self,
-        compute: Callable[[Feeds], Mapping[str, np.ndarray]],
+        compute: Compute,
         config: BatcherConfig = BatcherConfig(),
         *,
         batchable: bool = True,
@@ -133,29 +141,31 @@ class Batcher:
         self._queue: collections.deque[_Request] = collections.deque()
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
-        self._busy = 0
-        self._threads: list[threading.Thread] = []
+        self._in_flight = 0  # batches started and not yet resolved; at most config.workers
+        self._former: threading.Thread | None = None
         self.compute_calls = 0
         self._preferred = sorted(set(config.preferred_batch_sizes), reverse=True)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "Batcher":
         with self._cond:
-            if self._threads:
-                return self
-            for i in range(self.config.workers):
-                t = threading.Thread(target=self._worker, name=f"batcher-{self.name}-{i}", daemon=True)
-                self._threads.append(t)
-                t.start()
+            if self._former is None:
+                self._former = threading.Thread(target=self._form_batches, name=f"batcher-{self.name}", daemon=True)
+                self._former.start()
         return self
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop taking requests, let the workers finish what is queued, then join them."""
+        """Stop taking requests, dispatch what is queued, and wait until every batch in flight
+        has resolved its requests."""
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._cond:
             self._closed = True
             self._cond.notify_all()
-        for t in self._threads:
-            t.join(timeout)
+        if self._former is not None:
+            self._former.join(timeout)
+        with self._cond:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            self._cond.wait_for(lambda: self._in_flight == 0, left)
 
     @property
     def queued(self) -> int:
@@ -191,42 +201,51 @@ class Batcher:
             if req.timer is not None:
                 req.timer.cancel()
 
-    # -- workers ---------------------------------------------------------------------------------
-    def _worker(self) -> None:
+    # -- forming batches ---------------------------------------------------------------------------
+    def _form_batches(self) -> None:
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
-            self._run(batch)
+            self._dispatch(batch)
 
     def _next_batch(self) -> list[_Request] | None:
-        cfg = self.config
+        """Wait for a free slot, then for a batch; None once closed and drained."""
         with self._cond:
-            while True:
-                head = self._pop_live()
-                if head is not None:
-                    break
-                if self._closed:
-                    return None
-                self._cond.wait()
-            batch = [head]
-            if head.key is None or head.rows >= cfg.max_batch_size:
-                return batch
-            rows = head.rows
-            wait_until = head.enqueued + cfg.max_queue_delay_us * 1e-6
-            while True:
-                rows = self._gather(batch, rows)
-                if rows >= cfg.max_batch_size or rows in self._preferred:
-                    return self._trim_to_preferred(batch, rows)  # a full batch too: preferred sizes first
-                # Wait only when traffic is concurrent (someone besides the head showed up).
-                remaining = wait_until - time.monotonic()
-                if len(batch) == 1 or remaining <= 0 or self._closed:
-                    break
-                before = len(self._queue)
-                self._cond.wait(remaining)
-                if len(self._queue) == before and time.monotonic() >= wait_until:
-                    break
-            return self._trim_to_preferred(batch, rows)
+            self._cond.wait_for(lambda: self._in_flight < self.config.workers)
+            batch = self._take_batch()
+            if batch is not None:
+                self._in_flight += 1
+            return batch
+
+    def _take_batch(self) -> list[_Request] | None:
+        """The batching policy; called with the lock held."""
+        cfg = self.config
+        while True:
+            head = self._pop_live()
+            if head is not None:
+                break
+            if self._closed:
+                return None
+            self._cond.wait()
+        batch = [head]
+        if head.key is None or head.rows >= cfg.max_batch_size:
+            return batch
+        rows = head.rows
+        wait_until = head.enqueued + cfg.max_queue_delay_us * 1e-6
+        while True:
+            rows = self._gather(batch, rows)
+            if rows >= cfg.max_batch_size or rows in self._preferred:
+                return self._trim_to_preferred(batch, rows)  # a full batch too: preferred sizes first
+            # Wait only when traffic is concurrent (someone besides the head showed up).
+            remaining = wait_until - time.monotonic()
+            if len(batch) == 1 or remaining <= 0 or self._closed:
+                break
+            before = len(self._queue)
+            self._cond.wait(remaining)
+            if len(self._queue) == before and time.monotonic() >= wait_until:
+                break
+        return self._trim_to_preferred(batch, rows)
 
     def _pop_live(self) -> _Request | None:
         q = self._queue
@@ -275,41 +294,59 @@ class Batcher:
                 return batch[:n]
         return batch
 
-    def _run(self, batch: list[_Request]) -> None:
+    # -- running batches -------------------------------------------------------------------------
+    def _dispatch(self, batch: list[_Request]) -> None:
+        """Start the batch's run; its completion callback resolves the requests."""
         start = time.monotonic()
-        error: BaseException | None = None
-        results: list[Outputs] = []
         try:
             if len(batch) == 1:
-                results = [dict(self._compute(batch[0].feeds))]
+                feeds = batch[0].feeds
             else:
-                names = list(batch[0].feeds)
-                merged = {n: np.concatenate([r.feeds[n] for r in batch], axis=0) for n in names}
-                out = self._compute(merged)
-                results = _split(out, [r.rows for r in batch], self.name)
+                feeds = {n: np.concatenate([r.feeds[n] for r in batch], axis=0) for n in batch[0].feeds}
+            running = self._compute(feeds)
+        except BaseException as e:  # noqa: BLE001 - a run that cannot start fails this batch only
+            self._finish(batch, start, None, e)
+            return
+        running.add_done_callback(partial(self._completed, batch, start))
+
+    def _completed(self, batch: list[_Request], start: float, running: Future[Outputs]) -> None:
+        try:
+            out = running.result()
+            results = [dict(out)] if len(batch) == 1 else _split(out, [r.rows for r in batch], self.name)
         except BaseException as e:  # noqa: BLE001 - any compute failure fails this batch only
-            error = e
-        finally:
+            self._finish(batch, start, None, e)
+            return
+        self._finish(batch, start, results, None)
+
+    def _finish(self, batch: list[_Request], start: float, results: list[Outputs] | None,
+                error: BaseException | None) -> None:
+        """Count and observe the run, resolve the batch's requests, then free its slot."""
+        with self._cond:
             self.compute_calls += 1
-        end = time.monotonic()
-        if self._observer is not None:
-            try:
-                self._observer.on_batch(
-                    sum(r.rows for r in batch),
-                    len(batch),
-                    [start - r.enqueued for r in batch],
-                    end - start,
+        try:
+            self._observe(batch, start, time.monotonic() - start)
+            if error is not None:
+                wrapped = BatchComputeError(
+                    f"model {self.name} failed on a batch of {len(batch)} request(s): {type(error).__name__}: {error}"
                 )
-            except Exception:  # noqa: BLE001 - metrics must never fail a request
-                pass
-        if error is not None:
-            wrapped = BatchComputeError(
-                f"model {self.name} failed on a batch of {len(batch)} request(s): {type(error).__name__}: {error}"
+                wrapped.__cause__ = error
+                _resolve(batch, None, wrapped)
+            else:
+                _resolve(batch, results, None)
+        finally:
+            with self._cond:
+                self._in_flight -= 1
+                self._cond.notify_all()
+
+    def _observe(self, batch: list[_Request], start: float, compute_seconds: float) -> None:
+        if self._observer is None:
+            return
+        try:
+            self._observer.on_batch(
+                sum(r.rows for r in batch), len(batch), [start - r.enqueued for r in batch], compute_seconds
             )
-            wrapped.__cause__ = error
-            _resolve(batch, None, wrapped)
-        else:
-            _resolve(batch, results, None)
+        except Exception:  # noqa: BLE001 - metrics must never fail a request
+            pass
 
 
 def _split(out: Mapping[str, np.ndarray], rows: list[int], name: str) -> list[Outputs]:

@@ -166,7 +166,7 @@ def _unpack_bytes(buf: memoryview, what: str) -> list[bytes]:
 def _pack_bytes(arr: np.ndarray) -> bytes:
     parts = []
     for v in arr.ravel().tolist():
-        b = v if isinstance(v, (bytes, bytearray)) else str(v).encode()
+        b = bytes(v) if isinstance(v, (bytes, bytearray)) else str(v).encode()
         parts.append(struct.pack("<I", len(b)))
         parts.append(b)
     return b"".join(parts)

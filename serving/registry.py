@@ -1,8 +1,9 @@
 """Loaded models: load, golden warm-up, readiness, lookup by name/version, one batcher each.
 
 A model becomes ready only after it loaded and reproduced its package's golden (TensorFlow)
-outputs within the tolerance for its device and precision; until then, or after a mismatch, it
-answers 503 and says why (log line, OIP metadata `reason`).
+outputs within the tolerance its engine was verified at (the table's for its precision and device
+class when it has no verified engine); until then, or after a mismatch, it answers 503 and says
+why (log line, OIP metadata `reason`).
 """
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import logging
 import math
 import os
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Protocol
@@ -19,28 +21,14 @@ from typing import Any, Callable, Mapping, Protocol
 import numpy as np
 
 from kubetrt.telemetry.logs import log
-from kubetrt.runtime.batcher import (
-    BatchComputeError,
-    Batcher,
-    BatcherClosed,
-    BatcherConfig,
-    DeadlineExceeded,
-    QueueFull,
-)
+from kubetrt.runtime.accuracy import Tolerance, compare, device_class, tolerance_for
 from kubetrt.runtime.package import Manifest, TensorSpec, load_golden, read_manifest
 
+from .batcher import BatchComputeError, Batcher, BatcherClosed, BatcherConfig, DeadlineExceeded, QueueFull
 from .errors import BadRequest, ComputeFailed, NotFound, Timeout, Unavailable
 from .metrics import ModelMetrics, ServingMetrics
 
 logger = logging.getLogger("kubetrt.serving")
-
-# (rtol, atol) per precision, then per device where a device needs looser bounds than the host.
-TOLERANCES: dict[str, dict[str, tuple[float, float]]] = {
-    "fp32": {"host": (1e-4, 1e-4), "cuda": (1e-3, 1e-3), "tensorrt": (1e-3, 1e-3)},
-    "fp16": {"host": (1e-2, 1e-2), "cuda": (1e-2, 1e-2), "tensorrt": (1e-2, 1e-2)},
-    "int8": {"host": (5e-2, 5e-2), "cuda": (5e-2, 5e-2), "tensorrt": (5e-2, 5e-2)},
-}
-
 
 class ModelLike(Protocol):
     """What serving needs from kubetrt.runtime.Model (test doubles implement the same)."""
@@ -53,6 +41,8 @@ class ModelLike(Protocol):
     package_dir: Any
 
     def predict(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def predict_async(self, feeds: Mapping[str, np.ndarray]) -> Future[dict[str, np.ndarray]]: ...
 
     def validate_inputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
@@ -72,47 +62,30 @@ class ServingConfig:
     golden_check: bool = True
 
 
-def tolerance(device: str, precision: str) -> tuple[float, float]:
-    backend = device.split(":", 1)[0]
-    per_device = TOLERANCES.get(precision, TOLERANCES["fp32"])
-    return per_device.get(backend, per_device["cuda"])
-
-
-def golden_mismatch(model: ModelLike, rtol: float, atol: float) -> str | None:
+def golden_mismatch(model: ModelLike, tol: Tolerance) -> str | None:
     """Run the package's golden inputs; None if every output matches, else the reason."""
     manifest = getattr(model, "manifest", None)
     golden = load_golden(model.package_dir, manifest)
     if not golden:
         return "the package has no golden data to verify against"
     for batch, (ins, want) in sorted(golden.items()):
-        got = model.predict(ins)
-        for name, expected in want.items():
-            if name not in got:
-                return f"golden batch {batch}: output {name!r} is missing from the model's outputs"
-            reason = compare_output(np.asarray(got[name]), expected, rtol, atol)
-            if reason:
-                return f"golden batch {batch}, output {name!r}: {reason}"
+        reason = compare(model.predict(ins), want, tol).reason()
+        if reason is not None:
+            return f"golden batch {batch}, {reason}"
     return None
 
 
-def compare_output(got: np.ndarray, want: np.ndarray, rtol: float, atol: float) -> str | None:
-    if got.shape != want.shape:
-        return f"shape {got.shape} differs from TensorFlow's {want.shape}"
-    if want.dtype.kind not in "fc":
-        if not np.array_equal(got, want):
-            return f"values differ from TensorFlow's ({int(np.sum(got != want))} elements, exact match expected)"
-        return None
-    g, w = got.astype(np.float64), want.astype(np.float64)
-    ok = np.isclose(g, w, rtol=rtol, atol=atol, equal_nan=True)
-    if ok.all():
-        return None
-    err = np.where(ok, 0.0, np.abs(g - w))
-    err = np.where(np.isnan(err), np.inf, err)
-    idx = np.unravel_index(int(np.argmax(err)), err.shape)
-    return (
-        f"differs from TensorFlow beyond rtol={rtol:g} atol={atol:g}: {int((~ok).sum())} of {ok.size} elements, "
-        f"worst at {tuple(int(i) for i in idx)}: got {g[idx]:.6g}, expected {w[idx]:.6g}"
-    )
+def golden_tolerance(model: ModelLike, device: str) -> Tolerance:
+    """The tolerance the model's engine was verified at, as its report recorded it (carried in the
+    manifest's engine entry); the table's for its precision and device class only when no
+    verified engine says otherwise (a host model compiled straight from model.onnx)."""
+    key = getattr(model, "engine_key", None)
+    engines = getattr(getattr(model, "manifest", None), "engines", None) or []
+    entry: dict[str, Any] = next((e for e in engines if e.get("key") == key), {}) if key else {}
+    recorded = entry.get("tolerance")
+    if recorded is not None:
+        return Tolerance.from_json(recorded)
+    return tolerance_for(_precision(model), device_class(device))
 
 
 @dataclass(frozen=True)
@@ -215,17 +188,16 @@ class ServedModel:
             if self.model is None:
                 raise ValueError("nothing to load: no model and no source")
             if self.config.golden_check:
-                precision = _precision(self.model)
-                rtol, atol = tolerance(self.device, precision)
-                reason = golden_mismatch(self.model, rtol, atol)
+                tol = golden_tolerance(self.model, self.device)
+                reason = golden_mismatch(self.model, tol)
                 if reason is not None:
-                    self._fail(f"golden check failed on device {self.device}: {reason}")
+                    self._fail(f"golden check failed on device {self.device} at {tol.describe()}: {reason}")
                     return
         except Exception as e:  # noqa: BLE001 - a broken package keeps its model unready, not the server down
             self._fail(f"load failed: {type(e).__name__}: {e}")
             return
         self.batcher = Batcher(
-            self.model.predict,
+            self.model.predict_async,
             self.config.batcher,
             batchable=_batchable(self.model),
             observer=self.metrics,

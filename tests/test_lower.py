@@ -15,7 +15,8 @@ from model_zoo import MODELS
 from kubetrt.pipeline import lower as lower_mod
 from kubetrt.pipeline.errors import LowerError
 from kubetrt.pipeline.ingest import ingest, tensorflow
-from kubetrt.pipeline.lower import compare, lower, random_inputs, rename_io
+from kubetrt.pipeline.lower import check_faithful, lower, random_inputs, rename_io
+from kubetrt.runtime.accuracy import tolerance_for
 from kubetrt.runtime.package import (
     GOLDEN,
     MODEL_ONNX,
@@ -194,7 +195,7 @@ def test_unfaithful_conversion_fails_lowering(zoo, tmp_path: Path, monkeypatch: 
         return batches
 
     monkeypatch.setattr(lower_mod, "record_golden", skewed)
-    with pytest.raises(LowerError, match=r"onnxruntime output batch1\.output_0 differs from TensorFlow: max abs diff 0\.001"):
+    with pytest.raises(LowerError, match=r"onnxruntime output batch1\.output_0 differs from TensorFlow: .*max abs error 0\.001"):
         lower(zoo.savedmodel("mlp"), tmp_path / "pkg")
     assert not (tmp_path / "pkg").exists() and _no_leftovers(tmp_path) == []
 
@@ -243,15 +244,16 @@ def test_random_inputs_by_dtype() -> None:
     assert a["b"].any() and not a["b"].all()
 
 
-def test_compare_tolerance_and_exactness() -> None:
+def test_check_faithful_tolerance_and_exactness() -> None:
+    tol = tolerance_for("fp32", "host")
     want = np.array([1.0, 100.0], np.float32)
-    assert compare("t", want + np.float32(5e-5), want) == pytest.approx(5e-5, rel=0.1)
-    with pytest.raises(LowerError, match=r"t differs from TensorFlow: max abs diff 0\.001"):
-        compare("t", want + np.float32(1e-3), want)
+    assert check_faithful("t", want + np.float32(5e-5), want, tol) == pytest.approx(5e-5, rel=0.1)
+    with pytest.raises(LowerError, match=r"t differs from TensorFlow: .*max abs error 0\.001.*not faithful"):
+        check_faithful("t", want + np.float32(1e-3), want, tol)
     with pytest.raises(LowerError, match=r"is float64\[2\]; TensorFlow gave float32\[2\]"):
-        compare("t", want.astype(np.float64), want)
-    with pytest.raises(LowerError, match=r"expected exact equality for int32, 1 elements differ"):
-        compare("t", np.array([1, 3], np.int32), np.array([1, 2], np.int32))
+        check_faithful("t", want.astype(np.float64), want, tol)
+    with pytest.raises(LowerError, match=r"1 of 2 elements differ \(exact match expected for int32\)"):
+        check_faithful("t", np.array([1, 3], np.int32), np.array([1, 2], np.int32), tol)
 
 
 def test_rename_io_moves_a_clashing_internal_name_aside() -> None:

@@ -6,6 +6,7 @@ resolved through the servable source (kubetrt.pipeline.servable), the same as `k
 from __future__ import annotations
 
 import argparse
+import functools
 from typing import Any
 
 
@@ -47,7 +48,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--preferred-batch-sizes", type=_sizes, default=(), metavar="N[,N...]")
     p.add_argument("--max-queue-size", type=_positive, default=1024,
                    help="requests queued per model before answering 503 + Retry-After")
-    p.add_argument("--batch-workers", type=_positive, default=1, help="compute threads per model")
+    p.add_argument("--batch-workers", type=_positive, default=1, help="batches in flight per model")
     p.add_argument("--request-timeout-s", type=float, default=30.0, help="per-request deadline")
     p.add_argument("--max-body-bytes", type=_positive, default=64 << 20, help="larger request bodies get 413")
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
@@ -87,22 +88,18 @@ def model_sources(args: argparse.Namespace) -> list[Any]:
     for package in args.packages:
         src = source_of(args, package)
 
-        def loadable(servable: Any) -> Loadable:
-            return Loadable(servable.package_dir, servable.engine_key, checked=True)
-
         if args.model_name and args.model_version:
-            sources.append(ModelSource(args.model_name, args.model_version,
-                                       lambda src=src: loadable(resolve_servable(src, args.cache_dir))))
+            sources.append(ModelSource(args.model_name, args.model_version, functools.partial(_resolve, src, args.cache_dir)))
             continue
         servable = resolve_servable(src, args.cache_dir)
         m = servable.manifest
         sources.append(ModelSource(args.model_name or m.name, args.model_version or m.version,
-                                   lambda done=loadable(servable): done, m))
+                                   functools.partial(_loadable, servable), m))
     return sources
 
 
 def run(args: argparse.Namespace) -> int:
-    from kubetrt.runtime.batcher import BatcherConfig
+    from kubetrt.serving.batcher import BatcherConfig
     from kubetrt.serving.app import create_app
     from kubetrt.serving.registry import ServingConfig
     from kubetrt.serving.server import serve, uvicorn_config
@@ -123,3 +120,16 @@ def run(args: argparse.Namespace) -> int:
     app = create_app(model_sources(args), config)
     return serve(uvicorn_config(app, args.host, args.port, verbose=args.verbose,
                                 graceful_timeout_s=args.graceful_timeout_s))
+
+
+def _resolve(source: Any, cache_dir: str | None) -> Any:
+    """Resolved when the model loads: in the background, once the server is up."""
+    from kubetrt.pipeline.servable import resolve_servable
+
+    return _loadable(resolve_servable(source, cache_dir))
+
+
+def _loadable(servable: Any) -> Any:
+    from kubetrt.serving.registry import Loadable
+
+    return Loadable(servable.package_dir, servable.engine_key, checked=True)

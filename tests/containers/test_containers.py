@@ -23,10 +23,10 @@ from typing import TYPE_CHECKING, Any, Iterator
 import numpy as np
 import pytest
 
-from kubetrt.operators import objects, status
+from kubetrt.operators import names, objects, status
 from kubetrt.operators.objects import OperatorConfig
 from kubetrt.pipeline.store import open_store
-from kubetrt.pipeline.verify import TOLERANCES
+from kubetrt.runtime.accuracy import TOLERANCES
 from podman_pods import (BUILDER_IMAGE, E2E_LABEL, IMAGE_UID, OPERATOR_IMAGE, SERVING_IMAGE, PodError, Played, inspect,
                          kube_play, logs, podman, run_pod, say, wait_http_ready)
 from downward_api import quantity, resource_field
@@ -160,11 +160,11 @@ def serving(model: PipelineModel, operator: Operator, build: Build) -> Iterator[
     if build.exit_code != 0 or build.engine_build["status"].get("phase") != "Succeeded":
         pytest.fail(f"no verified engine to serve: {build.engine_build['status']}", pytrace=False)
     dep = objects.serving_deployment(operator.md, operator.spec, operator.target, build.engine_build, CONFIG)
-    _port_free(objects.SERVING_PORT)
+    _port_free(names.SERVING_PORT)
     say(f"playing the serving Deployment {dep['metadata']['name']} from {SERVING_IMAGE} (podman kube play)")
     played = kube_play(dep, model.root)
     try:
-        url = f"http://127.0.0.1:{objects.SERVING_PORT}"
+        url = f"http://127.0.0.1:{names.SERVING_PORT}"
         seconds = wait_http_ready(url + "/v2/health/ready", played.containers["serving"])
         say(f"serving pod ready in {seconds:.1f}s")
         yield Serving(dep, played, played.containers["serving"], url, operator.spec["model"]["name"],

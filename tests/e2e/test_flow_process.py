@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kubetrt.operators import objects
-from kubetrt.pipeline.verify import TOLERANCES
+from kubetrt.operators import names, objects
+from kubetrt.runtime.accuracy import TOLERANCES
 from kubetrt.pipeline.store import open_store
 from kubetrt.runtime.package import load_golden, open_package
 from operator_testlib import CONFIG, NS, eventually
@@ -242,7 +242,7 @@ async def test_the_pipelines_model_is_built_by_the_operators_job_and_served(
         assert ready["reason"] == "Serving"
         status = objs(api, "modeldeployments")[md["metadata"]["name"]]["status"]
         svc = objects.service_name(md["metadata"]["name"])
-        assert status["endpoint"] == f"http://{svc}.{NS}.svc.{CONFIG.cluster_domain}:{objects.SERVING_PORT}"
+        assert status["endpoint"] == f"http://{svc}.{NS}.svc.{CONFIG.cluster_domain}:{names.SERVING_PORT}"
         assert status["modelURL"] == f"{status['endpoint']}/v2/models/{name}/versions/{version}"
         (target,) = status["targets"]
         assert (target["engineKey"], target["readyReplicas"], target["buildPhase"]) == (model.key, 1, "Succeeded")
@@ -273,14 +273,14 @@ async def test_a_new_model_version_rolls_out_to_a_new_pod(
         job = await wait_for_build_job(api)
         await quiet(api)
         pending = objs(api, "deployments")[dep_name]
-        assert (serve_arg(pending, "--model-version"), pending["metadata"]["annotations"][objects.ANN_ENGINE_BUILD]) \
-            == ("1", dep["metadata"]["annotations"][objects.ANN_ENGINE_BUILD]), \
+        assert (serve_arg(pending, "--model-version"), pending["metadata"]["annotations"][names.ANN_ENGINE_BUILD]) \
+            == ("1", dep["metadata"]["annotations"][names.ANN_ENGINE_BUILD]), \
             "until version 2's build verified, the pods keep serving version 1 as version 1"
         second = await run_build_job(client, api, BUILD_TIMEOUT)
         assert second.exit_code == 0, second.describe()
         assert json.loads(second.message)["engineKey"] == model.key and json.loads(second.message)["reused"] is True
         new = await wait_for_deployment(api, dep_name, lambda d: serve_arg(d, "--model-version") == "2" and
-                                        d["metadata"]["annotations"][objects.ANN_ENGINE_BUILD] == job["metadata"]["name"])
+                                        d["metadata"]["annotations"][names.ANN_ENGINE_BUILD] == job["metadata"]["name"])
         assert new["metadata"]["generation"] > dep["metadata"]["generation"]
         assert serve_arg(new, "--engine-key") == model.key
     finally:
@@ -418,7 +418,7 @@ async def test_an_operator_restarted_mid_rollout_converges_to_the_same_objects(
     await finish_build_pod(client, job, pod, result)
     await restartable_operator.start()
     dep = await wait_for_deployment(api, dep_name, lambda d: serve_arg(d, "--model-version") == "2" and
-                                    d["metadata"]["annotations"][objects.ANN_ENGINE_BUILD] == job["metadata"]["name"])
+                                    d["metadata"]["annotations"][names.ANN_ENGINE_BUILD] == job["metadata"]["name"])
     await eventually(lambda: list(engine_builds(api)) == [job["metadata"]["name"]],
                      describe=lambda: list(engine_builds(api)))
     assert before["deployments"][dep_name]["metadata"]["uid"] == dep["metadata"]["uid"], "updated, not re-created"

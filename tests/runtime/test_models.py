@@ -7,12 +7,13 @@ from golden.npz (TF outputs recorded at lowering time, batch 1 and 4).
 from __future__ import annotations
 
 import functools
+from concurrent.futures import Future
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from kubetrt.runtime import load_model
+from kubetrt.runtime import InputError, load_model
 from kubetrt.runtime.package import load_golden
 
 FP32 = dict(rtol=1e-4, atol=1e-4)
@@ -98,6 +99,20 @@ async def test_infer_is_async_and_equals_predict(zoo) -> None:  # type: ignore[n
     for f, r in zip(feeds, results):
         for k, v in model.predict(f).items():
             np.testing.assert_array_equal(r[k], v)
+
+
+@pytest.mark.parametrize("executor", ["sequential", "dataflow"])
+def test_predict_async_is_a_future_of_the_named_outputs(zoo, executor: str) -> None:  # type: ignore[no-untyped-def]
+    model = load_model(zoo.package("two_in_two_out"), executor=executor)
+    feeds = random_feeds(model, 3, seed=3)
+    run = model.predict_async(feeds)
+    assert isinstance(run, Future)
+    got, want = run.result(timeout=30), model.predict(feeds)
+    assert list(got) == list(want) == [t.name for t in model.outputs]
+    for k, v in want.items():
+        np.testing.assert_array_equal(got[k], v)
+    with pytest.raises(InputError, match="missing input"):
+        model.predict_async({})  # bad inputs fail at once, before any run starts
 
 
 def test_model_metadata(zoo) -> None:  # type: ignore[no-untyped-def]

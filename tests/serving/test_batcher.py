@@ -1,14 +1,16 @@
-"""Dynamic batcher unit tests with plain NumPy compute functions (no server, no model)."""
+"""Dynamic batcher unit tests with plain NumPy compute functions (no server, no model), started
+on a thread pool as the runtime starts a run, or completed by hand."""
 from __future__ import annotations
 
 import asyncio
 import threading
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from kubetrt.runtime.batcher import (
+from kubetrt.serving.batcher import (
     BatchComputeError,
     Batcher,
     BatcherClosed,
@@ -19,8 +21,44 @@ from kubetrt.runtime.batcher import (
 )
 
 
+POOL = ThreadPoolExecutor(8, thread_name_prefix="test-compute")
+
+
+def started(run):
+    """A synchronous compute function as a batcher compute: each call starts a run on POOL."""
+    return lambda feeds: POOL.submit(run, feeds)
+
+
+class ByHand:
+    """A compute whose runs finish only when the test completes their Futures."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[dict, Future]] = []
+        self.started = threading.Semaphore(0)
+
+    def __call__(self, feeds):
+        run: Future = Future()
+        self.runs.append((feeds, run))
+        self.started.release()
+        return run
+
+    async def wait_started(self) -> None:
+        assert await asyncio.to_thread(self.started.acquire, True, 5), "no run started"
+
+    def finish(self, i: int) -> None:
+        feeds, run = self.runs[i]
+        run.set_result({"y": feeds["x"] * 2})
+
+    def abandon(self) -> None:
+        """Fail the runs a failed test left pending, so closing the batcher cannot hang."""
+        for _, run in self.runs:
+            if not run.done():
+                run.set_exception(RuntimeError("abandoned by the test"))
+
+
 class Recorder:
-    """compute = y = 2x (+ rows of `z` summed), recording the batch sizes it was called with."""
+    """compute = y = 2x (+ rows of `z` summed), recording the batch sizes it was called with; each
+    call starts a run on POOL."""
 
     def __init__(self, gate: threading.Event | None = None) -> None:
         self.calls: list[int] = []
@@ -28,6 +66,9 @@ class Recorder:
         self.entered = threading.Event()
 
     def __call__(self, feeds):
+        return POOL.submit(self.run, feeds)
+
+    def run(self, feeds):
         self.entered.set()
         if self.gate is not None:
             assert self.gate.wait(10), "test gate never opened"
@@ -165,21 +206,30 @@ async def test_full_queue_raises_queue_full_instead_of_buffering():
         b.close()
 
 
-async def test_compute_error_fails_only_its_batch():
+@pytest.mark.parametrize("fails", ["starting", "running"])
+async def test_compute_error_fails_only_its_batch(fails: str):
     calls = []
 
-    def compute(f):
+    def run(f):
         calls.append(f["x"].shape[0])
         if np.any(f["x"] < 0):
             raise ArithmeticError("negative input")
         return {"y": f["x"] + 1}
 
-    b = Batcher(compute, BatcherConfig(max_batch_size=8, max_queue_delay_us=0)).start()
+    def start(f):
+        """The error raised by compute itself, or carried by the run's Future."""
+        if fails == "starting":
+            done: Future = Future()
+            done.set_result(run(f))
+            return done
+        return POOL.submit(run, f)
+
+    b = Batcher(start, BatcherConfig(max_batch_size=8, max_queue_delay_us=0)).start()
     try:
         with pytest.raises(BatchComputeError, match="negative input") as info:
             await b.submit(feeds(1, -1.0))
         assert isinstance(info.value.__cause__, ArithmeticError)
-        out = await asyncio.wait_for(b.submit(feeds(2, 1.0)), 5)  # the worker survived
+        out = await asyncio.wait_for(b.submit(feeds(2, 1.0)), 5)  # batching survived
         np.testing.assert_array_equal(out["y"], np.full((2, 3), 2.0, np.float32))
     finally:
         b.close()
@@ -194,7 +244,7 @@ async def test_output_without_batch_dim_fails_merged_batch_clearly():
         gate.wait(10)
         return {"y": f["x"].sum(keepdims=True).reshape(1)}  # batch dim lost
 
-    b = Batcher(compute, BatcherConfig(max_batch_size=8, max_queue_delay_us=0)).start()
+    b = Batcher(started(compute), BatcherConfig(max_batch_size=8, max_queue_delay_us=0)).start()
     try:
         first = asyncio.ensure_future(b.submit(feeds(1, 1.0)))
         await asyncio.to_thread(entered.wait, 5)
@@ -250,6 +300,102 @@ async def test_unbatchable_model_runs_requests_alone():
     finally:
         gate.set()
         b.close()
+
+
+async def test_runs_complete_from_their_futures_with_at_most_workers_in_flight():
+    """compute only starts runs: requests resolve when a run's Future completes, and the next
+    batch is formed only while fewer than `workers` runs are in flight, so requests that arrive
+    meanwhile are merged into it."""
+    by_hand = ByHand()
+    b = Batcher(by_hand, BatcherConfig(max_batch_size=8, max_queue_delay_us=0, workers=2)).start()
+    try:
+        first = asyncio.ensure_future(b.submit(feeds(1, 1.0)))
+        await by_hand.wait_started()
+        second = asyncio.ensure_future(b.submit(feeds(1, 2.0)))
+        await by_hand.wait_started()  # two runs in flight at once, no thread waiting on either
+        rest = [asyncio.ensure_future(b.submit(feeds(1, 3.0 + i))) for i in range(3)]
+        await asyncio.sleep(0.05)
+        assert len(by_hand.runs) == 2 and b.queued == 3, "no third run while both slots are taken"
+        by_hand.finish(1)
+        out = await asyncio.wait_for(second, 5)
+        np.testing.assert_array_equal(out["y"], np.full((1, 3), 4.0, np.float32))
+        assert not first.done()
+        await by_hand.wait_started()
+        assert by_hand.runs[2][0]["x"].shape[0] == 3  # the three waiting requests, merged
+        by_hand.finish(2)
+        by_hand.finish(0)
+        results = await asyncio.wait_for(asyncio.gather(first, *rest), 5)
+        assert [float(r["y"][0, 0]) for r in results] == [2.0, 6.0, 8.0, 10.0]
+    finally:
+        by_hand.abandon()
+        b.close()
+
+
+async def test_observer_gets_each_batch_with_the_time_until_its_run_completed():
+    seen = []
+
+    class Observer:
+        def on_batch(self, rows, requests, queue_seconds, compute_seconds):
+            seen.append((rows, requests, len(queue_seconds), compute_seconds))
+
+    by_hand = ByHand()
+    b = Batcher(by_hand, BatcherConfig(max_batch_size=8, max_queue_delay_us=0), observer=Observer()).start()
+    try:
+        request = asyncio.ensure_future(b.submit(feeds(2, 1.0)))
+        await by_hand.wait_started()
+        await asyncio.sleep(0.05)
+        assert seen == []
+        by_hand.finish(0)
+        await asyncio.wait_for(request, 5)
+        [(rows, requests, waits, compute_seconds)] = seen
+        assert (rows, requests, waits) == (2, 1, 1) and compute_seconds >= 0.05
+    finally:
+        by_hand.abandon()
+        b.close()
+
+
+async def test_close_still_runs_what_was_queued():
+    by_hand = ByHand()
+    b = Batcher(by_hand, BatcherConfig(max_batch_size=8, max_queue_delay_us=0)).start()
+    try:
+        requests = [asyncio.ensure_future(b.submit(feeds(1, 1.0)))]
+        await by_hand.wait_started()
+        requests += [asyncio.ensure_future(b.submit(feeds(1, 2.0))) for _ in range(2)]
+        await asyncio.sleep(0.02)
+        b.close(timeout=0)  # refuses new requests at once; what is queued still runs
+        by_hand.finish(0)
+        await by_hand.wait_started()
+        by_hand.finish(1)
+        results = await asyncio.wait_for(asyncio.gather(*requests), 5)
+        assert [r["y"].shape[0] for r in results] == [1, 1, 1] and len(by_hand.runs) == 2
+    finally:
+        by_hand.abandon()
+        b.close()
+
+
+async def test_close_returns_only_when_every_run_in_flight_has_completed():
+    by_hand = ByHand()
+    b = Batcher(by_hand, BatcherConfig(max_batch_size=8, max_queue_delay_us=0, workers=2)).start()
+    closing = None
+    try:
+        first = asyncio.ensure_future(b.submit(feeds(1, 1.0)))
+        await by_hand.wait_started()
+        second = asyncio.ensure_future(b.submit(feeds(2, 2.0)))
+        await by_hand.wait_started()
+        closing = asyncio.ensure_future(asyncio.to_thread(b.close))
+        await asyncio.sleep(0.05)
+        assert not closing.done(), "close returned while two runs were in flight"
+        by_hand.finish(0)
+        await asyncio.sleep(0.05)
+        assert not closing.done(), "close returned while a run was in flight"
+        by_hand.finish(1)
+        await asyncio.wait_for(closing, 10)
+        results = await asyncio.wait_for(asyncio.gather(first, second), 5)
+        assert [r["y"].shape[0] for r in results] == [1, 2]
+    finally:
+        by_hand.abandon()
+        if closing is not None:
+            await asyncio.wait_for(closing, 10)
 
 
 def test_batch_key_requires_agreeing_batch_dims():

@@ -8,7 +8,7 @@ import time
 import httpx
 import numpy as np
 
-from kubetrt.runtime.batcher import BatcherConfig
+from kubetrt.serving.batcher import BatcherConfig
 from kubetrt.serving.app import create_app
 from kubetrt.serving.registry import ServingConfig
 from serving_support import CountingModel, GatedModel, LiveServer, ModelDouble, cnn_input

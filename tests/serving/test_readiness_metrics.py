@@ -1,6 +1,7 @@
 """Readiness gated on the golden check, and the Prometheus metrics it and inference produce."""
 from __future__ import annotations
 
+import json
 import shutil
 import time
 
@@ -9,7 +10,10 @@ import numpy as np
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetrt.serving.app import create_app
-from kubetrt.serving.registry import ServingConfig, compare_output, tolerance
+from kubetrt.pipeline.servable import ServableSource, resolve_servable
+from kubetrt.runtime import load_model
+from kubetrt.serving.metrics import ServingMetrics
+from kubetrt.serving.registry import ModelRegistry, ServingConfig
 from serving_support import LiveServer, ModelDouble, cnn_input
 
 
@@ -35,6 +39,7 @@ def test_golden_mismatch_keeps_model_unready_and_says_why(cnn_model):
         md = settled(c, "small_cnn")
         assert md["ready"] is False and md["state"] == "failed"
         assert "golden check failed" in md["reason"] and "output_0" in md["reason"] and "rtol=0.0001" in md["reason"]
+        assert "(fp32, host)" in md["reason"], "a model with no verified engine is held to the table's tolerance"
         r = c.get("/v2/models/small_cnn/ready")
         assert r.status_code == 503 and "golden" in r.json()["error"]
         r = c.get("/v2/health/ready")
@@ -59,16 +64,47 @@ def test_broken_package_is_unready_not_fatal(tmp_path, cnn_package):
         assert c.get("/v2/health/ready").status_code == 503
 
 
-def test_tolerances_by_device_and_precision():
-    assert tolerance("host", "fp32") == (1e-4, 1e-4)
-    assert tolerance("cuda:0", "fp32")[0] > 1e-4
-    assert tolerance("tensorrt", "fp16")[0] >= 1e-2
-    want = np.array([[1.0, 2.0]], np.float32)
-    assert compare_output(want + 5e-5, want, 1e-4, 1e-4) is None
-    reason = compare_output(want + np.array([[0, 1e-2]], np.float32), want, 1e-4, 1e-4)
-    assert "1 of 2 elements" in reason and "(0, 1)" in reason
-    assert "shape" in compare_output(want[0], want, 1e-4, 1e-4)
-    assert compare_output(np.array([1, 2]), np.array([1, 3]), 1e-4, 1e-4) is not None
+class OffsetModel(ModelDouble):
+    """Every output shifted by `offset`: within one tolerance, beyond another."""
+
+    def __init__(self, model, offset: float) -> None:
+        super().__init__(model)
+        self.offset = np.float32(offset)
+
+    def predict(self, feeds):
+        return {k: v + self.offset for k, v in super().predict(feeds).items()}
+
+
+def verified_engine(published_cnn, tmp_path, atol: float):
+    """The small CNN's host engine served from a store whose report recorded tolerance `atol`."""
+    root, package_uri, key = published_cnn
+    store = tmp_path / "store"
+    shutil.copytree(root, store)
+    report_path = next(store.glob(f"*/{key}/report.json"))
+    report = json.loads(report_path.read_text())
+    report["tolerance"].update(atol=atol, rtol=atol)
+    report_path.write_text(json.dumps(report))
+    servable = resolve_servable(ServableSource(package_uri, str(store), key), tmp_path / "cache")
+    return load_model(servable.package_dir, "host", engine_key=key)
+
+
+def golden_check(model) -> tuple[str, str]:
+    registry = ModelRegistry(ServingConfig(device="host"), ServingMetrics())
+    served = registry.add_model(model)
+    served.load()
+    served.close()
+    return served.state.value, served.reason
+
+
+def test_a_verified_engine_is_held_to_the_tolerance_its_report_recorded(published_cnn, cnn_model, tmp_path):
+    """Outputs off by 5e-5 pass the table's fp32 host tolerance (1e-4 + 1e-4*|tf|) but not an
+    engine recorded as verified at 1e-5; off by 1e-3 they fail the table but pass an engine
+    recorded at 1e-2."""
+    assert golden_check(OffsetModel(cnn_model, 5e-5))[0] == "ready"
+    state, reason = golden_check(OffsetModel(verified_engine(published_cnn, tmp_path / "tight", 1e-5), 5e-5))
+    assert state == "failed" and "atol=1e-05 rtol=1e-05 (fp32, host)" in reason and "output_0" in reason
+    assert golden_check(OffsetModel(cnn_model, 1e-3))[0] == "failed"
+    assert golden_check(OffsetModel(verified_engine(published_cnn, tmp_path / "loose", 1e-2), 1e-3))[0] == "ready"
 
 
 def samples(text: str) -> dict[tuple[str, tuple], float]:

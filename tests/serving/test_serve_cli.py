@@ -138,7 +138,7 @@ def test_without_a_name_a_bad_package_fails_the_start_with_one_line(tmp_path: Pa
 @pytest.mark.parametrize("threads", ["1", "3"])
 def test_the_host_pool_is_as_wide_as_kubetrt_threads(threads: str) -> None:
     code = ("import threading, time\n"
-            "from kubetrt.runtime.devices.host import shared_pool\n"
+            "from kubetrt.runtime.kernels.parallel import shared_pool\n"
             "names = set(shared_pool().map(lambda i: (time.sleep(0.05), threading.current_thread().name)[1], range(12)))\n"
             "print(len(names))")
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,

@@ -1,0 +1,189 @@
+"""Accuracy: does an engine's output match TensorFlow's? One metric and one tolerance table.
+
+Lowering (onnxruntime vs TensorFlow), verification of a built engine, cuda tuning and serving's
+golden check at load all judge outputs here, so an engine that passed verification is held to
+the same rule everywhere it is checked again.
+
+The metric: an output passes when its shape is TensorFlow's and, elementwise,
+|got - want| <= atol + rtol * |want| for floats (NaN only where TensorFlow has NaN), or
+got == want exactly for every other dtype. A missing output fails.
+
+The tolerance (atol = rtol) depends on precision and device class, because reduced precision
+legitimately changes the numbers; TOLERANCES is the one table, and a verified engine records
+the entry it was held to.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+METRIC = "elementwise |got - want| <= atol + rtol*|want|"
+HOST, GPU = "host", "gpu"
+
+TOLERANCES: dict[tuple[str, str], float] = {
+    ("fp32", HOST): 1e-4,  # same arithmetic, another summation order
+    ("fp32", GPU): 1e-3,  # TF32 tensor cores may run fp32 matmuls and convolutions
+    ("fp16", HOST): 1e-2,
+    ("fp16", GPU): 1e-2,
+    # explicit Q/DQ quantization: loose on purpose; int8 accuracy belongs in a task metric,
+    # this only catches broken engines
+    ("int8", HOST): 1e-1,
+    ("int8", GPU): 1e-1,
+}
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """The bounds one comparison used, and what they were chosen for."""
+
+    atol: float
+    rtol: float
+    precision: str
+    device_class: str
+
+    def describe(self) -> str:
+        return f"atol={self.atol:g} rtol={self.rtol:g} ({self.precision}, {self.device_class})"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"metric": METRIC, "atol": self.atol, "rtol": self.rtol, "precision": self.precision,
+                "device_class": self.device_class}
+
+    @classmethod
+    def from_json(cls, d: Mapping[str, Any]) -> "Tolerance":
+        """A tolerance recorded by verification; ValueError if it was checked with another metric."""
+        if d.get("metric") != METRIC:
+            raise ValueError(f"recorded tolerance uses metric {d.get('metric')!r}; expected {METRIC!r}")
+        try:
+            return cls(float(d["atol"]), float(d["rtol"]), str(d["precision"]), str(d["device_class"]))
+        except (KeyError, TypeError, ValueError) as e:
+            raise ValueError(f"recorded tolerance {dict(d)} is malformed ({e}); expected atol, rtol, "
+                             "precision and device_class") from e
+
+
+def device_class(device: str) -> str:
+    """host for the host backend (device "host"), gpu for cuda, tensorrt and "cuda:0"-style names."""
+    return HOST if device.split(":", 1)[0] == "host" else GPU
+
+
+def tolerance_for(precision: str, device_cls: str) -> Tolerance:
+    """The table's tolerance for outputs computed at `precision` on a `device_cls` device."""
+    tol = TOLERANCES.get((precision, device_cls))
+    if tol is None:
+        precisions = sorted({p for p, _ in TOLERANCES})
+        classes = sorted({c for _, c in TOLERANCES})
+        raise ValueError(f"no tolerance for precision {precision!r} on device class {device_cls!r}; "
+                         f"expected a precision in {precisions} and a device class in {classes}")
+    return Tolerance(tol, tol, precision, device_cls)
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    """One output against TensorFlow's: errors are inf when they cannot be measured."""
+
+    name: str
+    shape: tuple[int, ...]  # TensorFlow's
+    max_abs_error: float
+    max_rel_error: float
+    passed: bool
+    reason: str | None = None  # for a failure: what differs, naming the worst element
+
+    def to_json(self) -> dict[str, Any]:
+        entry: dict[str, Any] = {"output": self.name, "shape": list(self.shape),
+                                 "max_abs_error": _json_float(self.max_abs_error),
+                                 "max_rel_error": _json_float(self.max_rel_error), "passed": self.passed}
+        if self.reason is not None:
+            entry["error"] = self.reason
+        return entry
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """Every expected output checked at one tolerance."""
+
+    outputs: tuple[OutputCheck, ...]
+    tolerance: Tolerance
+
+    @property
+    def passed(self) -> bool:
+        return all(o.passed for o in self.outputs)
+
+    @property
+    def max_abs_error(self) -> float:
+        return max((o.max_abs_error for o in self.outputs), default=0.0)
+
+    def reason(self) -> str | None:
+        """None when every output passed, else the first failure with its output's name."""
+        failed = [o for o in self.outputs if not o.passed]
+        if not failed:
+            return None
+        more = f" (and {len(failed) - 1} more outputs)" if len(failed) > 1 else ""
+        return f"output {failed[0].name!r}: {failed[0].reason}{more}"
+
+
+def compare(got: Mapping[str, Any], want: Mapping[str, Any], tol: Tolerance) -> Comparison:
+    """Check every output of `want` (sorted by name) in `got`; extra outputs in `got` are ignored."""
+    return Comparison(tuple(check_output(name, got.get(name), want[name], tol) for name in sorted(want)), tol)
+
+
+def check_output(name: str, got: Any, want: Any, tol: Tolerance) -> OutputCheck:
+    """One output against the expected one by the module's metric; `got` None was not produced."""
+    want = np.asarray(want)
+    if got is None:
+        return OutputCheck(name, want.shape, math.inf, math.inf, False,
+                           f"not produced (expected {want.dtype}{list(want.shape)})")
+    got = np.asarray(got)
+    if got.shape != want.shape:
+        return OutputCheck(name, want.shape, math.inf, math.inf, False,
+                           f"shape {list(got.shape)} differs from the expected {list(want.shape)}")
+    exact = want.dtype.kind not in "fc"
+    g, w = _comparable(got, exact), _comparable(want, exact)
+    ok = (g == w) if exact else np.isclose(g, w, rtol=tol.rtol, atol=tol.atol, equal_nan=True)
+    err = _abs_errors(g, w)
+    max_abs = float(err.max(initial=0.0))
+    max_rel = float(_rel_errors(err, w).max(initial=0.0))
+    if ok.all():
+        return OutputCheck(name, want.shape, max_abs, max_rel, True)
+    bad = int((~ok).sum())
+    worst = np.unravel_index(int(np.argmax(np.where(ok, -1.0, err))), err.shape)
+    rule = f"exact match expected for {want.dtype}" if exact else f"beyond atol={tol.atol:g} + rtol={tol.rtol:g}*|expected|"
+    reason = (f"{bad} of {ok.size} elements differ ({rule}), max abs error {max_abs:.3g}; worst at "
+              f"{tuple(int(i) for i in worst)}: got {_show(g[worst])}, expected {_show(w[worst])}")
+    return OutputCheck(name, want.shape, max_abs, max_rel, False, reason)
+
+
+def _comparable(a: np.ndarray, exact: bool) -> np.ndarray:
+    """Floats as float64 (or complex128), so half and single precision compare on equal terms."""
+    if a.dtype.kind == "c":
+        return a.astype(np.complex128)
+    if exact and a.dtype.kind not in "biuf":
+        return a
+    return a.astype(np.float64)
+
+
+def _abs_errors(g: np.ndarray, w: np.ndarray) -> np.ndarray:
+    """|g - w| with equal elements (NaN with NaN, inf with inf) at 0 and unmeasurable ones at inf."""
+    if g.dtype.kind not in "biufc" or w.dtype.kind not in "biufc":
+        return np.where(g == w, 0.0, math.inf)
+    same = (g == w) | (np.isnan(g) & np.isnan(w))
+    with np.errstate(invalid="ignore", over="ignore"):
+        err = np.abs(g - w).astype(np.float64)
+    return np.where(same, 0.0, np.where(np.isnan(err), math.inf, err))
+
+
+def _rel_errors(err: np.ndarray, w: np.ndarray) -> np.ndarray:
+    if w.dtype.kind not in "biufc":
+        return err
+    with np.errstate(invalid="ignore", over="ignore"):
+        rel = err / np.maximum(np.abs(w), np.finfo(np.float64).tiny)
+    return np.where(err == 0.0, 0.0, np.where(np.isnan(rel), math.inf, rel))
+
+
+def _show(x: Any) -> str:
+    return f"{x:.6g}" if isinstance(x, (float, np.floating)) else repr(x.item() if isinstance(x, np.generic) else x)
+
+
+def _json_float(x: float) -> float | None:
+    return x if math.isfinite(x) else None
