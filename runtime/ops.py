@@ -16,8 +16,10 @@ from .kernels import lookup, supported_ops
 from .kernels.registry import KernelSpec
 
 
-def call(op: str, *inputs: np.ndarray | None, n_outputs: int = 1, device: str = "host", **attrs: Any) -> Any:
-    """Run `op`; returns one array, or a tuple when the op has several outputs."""
+def call(op: str, *inputs: np.ndarray | None, n_outputs: int = 1, device: str = "host", ctx: Any = None,
+         **attrs: Any) -> Any:
+    """Run `op`; returns one array, or a tuple when the op has several outputs. A device other
+    than the host needs its kernels' context (`ctx`, e.g. kernels.cuda.DeviceContext)."""
     kernel = lookup(op, device)
     arrays = [None if x is None else np.asarray(x) for x in inputs]
     spec = KernelSpec(
@@ -29,6 +31,7 @@ def call(op: str, *inputs: np.ndarray | None, n_outputs: int = 1, device: str = 
         dtypes=[None if x is None else x.dtype for x in arrays],
         n_outputs=n_outputs,
         present=[x is not None for x in arrays],
+        ctx=ctx,
     )
     try:
         expected = kernel.shape_fn(spec)

@@ -48,8 +48,8 @@ def _order(graph: Graph, supported: list[bool]) -> list[int]:
             users[p].append(i)
     pending = [len(d) for d in deps]
     ready: dict[bool, list[int]] = {True: [], False: []}
-    for i, d in enumerate(pending):
-        if d == 0:
+    for i, waiting in enumerate(pending):
+        if waiting == 0:
             heapq.heappush(ready[supported[i]], i)
     order: list[int] = []
     current: bool | None = None

@@ -3,7 +3,8 @@ program captured as a CUDA Graph per input shape so batch-1 latency is not Pytho
 
 Layers, so that everything but the GPU boundary runs in CI with NumPy standing in for CuPy:
 - DevicePlan: the compiled program with a residency decision per value (device data vs. host
-  shape arithmetic), uploads of constants once, and the kernels of cuda_kernels.py.
+  shape arithmetic), uploads of constants once, and the registry's kernels of device "cuda"
+  (kernels/cuda.py).
 - Backend: the array module plus what only a GPU has (streams, graph capture, fused epilogues,
   identity). CupyBackend is the real one; NumpyStandIn is the stand-in used by tests.
 - CudaExecutable: a pool of execution contexts (stream + captured graphs + static buffers).
@@ -18,25 +19,27 @@ import queue
 import re
 import threading
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from ..errors import DeviceUnavailableError, KernelError
+from ..accuracy import compare, device_class, tolerance_for
+from ..errors import DeviceUnavailableError, KernelError, UnsupportedOpError
 from ..graph import Graph
+from ..kernels import cuda as ck
+from ..kernels.activations import cuda_expr
+from ..kernels.registry import KernelDef, lookup, op_def
 from ..passes.shape_inference import spec_for
 from ..program import compile_graph
 from ..target import Target
 from ..timing import median_seconds
 from . import NodeIdentity
-from . import cuda_kernels as ck
 
 TUNING_FILE = "cuda_tuning.json"
 CUPY_MISSING = "cupy is not installed (pip install kubetrt[gpu])"
-TOLERANCE = {"fp32": 1e-3, "fp16": 1e-2}  # fp32 allows TF32 GEMMs
-DTYPES = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
+DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
 
 
 class CaptureUnsafe(RuntimeError):
@@ -48,17 +51,6 @@ def gfd_product(name: str) -> str:
     'NVIDIA-H100-80GB-HBM3' (whitespace to '-', only label-safe characters, at most 63)."""
     label = re.sub(r"[^A-Za-z0-9._-]", "", re.sub(r"\s+", "-", name.strip()))
     return label[:63].strip("-._") or "unknown-gpu"
-
-
-def relative_error(got: np.ndarray, want: np.ndarray) -> float:
-    """max |got - want| / max(1, max |want|): one number per output, robust to tiny references."""
-    got = np.asarray(got, dtype=np.float64)
-    want = np.asarray(want, dtype=np.float64)
-    if got.shape != want.shape:
-        return float("inf")
-    if want.size == 0:
-        return 0.0
-    return float(np.max(np.abs(got - want)) / max(1.0, float(np.max(np.abs(want)))))
 
 
 # ============================================================================ plan
@@ -77,6 +69,14 @@ class _Step:
     skip: frozenset[int] = frozenset()  # operand positions the kernel holds itself (constants)
 
 
+def _device_kernel(op: str, node: str) -> KernelDef | None:
+    """The registry's cuda kernel for `op`; None where it has none (the plan runs the host kernel)."""
+    try:
+        return lookup(op, ck.DEVICE, node=node)
+    except UnsupportedOpError:
+        return None
+
+
 class DevicePlan:
     """A Program whose values live on the device, except shape arithmetic, which stays on the host.
 
@@ -93,24 +93,23 @@ class DevicePlan:
         prog = compile_graph(graph, "host", layout=False)  # device kernels are NCHW: cuBLAS over channels-first
         self.prog = prog
         node_by_name = {n.name: n for n in graph.nodes}
-        kernels = ck.table()
         on_host = [v.const is not None for v in prog.values]
         self.steps: list[_Step] = []
         self.fallback_ops: list[str] = []
         self.sync_reasons: list[str] = []
         self.dev_consts: dict[int, Any] = {}
         for k in prog.kernels:
-            params = ck.PARAM_OPERANDS.get(k.op, frozenset())
-            data = [i for i, vid in enumerate(k.inputs) if vid >= 0 and i not in params]
-            device_params = frozenset(i for i, vid in enumerate(k.inputs) if vid >= 0 and i in params and not on_host[vid])
-            if k.op in ck.SHAPE_ONLY or all(on_host[k.inputs[i]] for i in data) and not device_params:
+            op = op_def(k.op, node=k.name)
+            data = [i for i, vid in enumerate(k.inputs) if vid >= 0 and i not in op.params]
+            device_params = frozenset(i for i, vid in enumerate(k.inputs) if vid >= 0 and i in op.params and not on_host[vid])
+            if op.shape_only or all(on_host[k.inputs[i]] for i in data) and not device_params:
                 step = _Step(k.name, k.op, "host", k.run, tuple(k.inputs), tuple(k.outputs), tuple(k.frees))
                 out_host = True
-            elif k.op in kernels:
-                spec = spec_for(graph, node_by_name[k.name], inplace=k.inplace)
-                own = frozenset(i for i in ck.OWN_CONSTS.get(k.op, ()) if spec.const(i) is not None)
+            elif (kernel := _device_kernel(k.op, k.name)) is not None:
+                spec = replace(spec_for(graph, node_by_name[k.name], inplace=k.inplace), ctx=ctx)
+                own = frozenset(i for i in kernel.own_consts if spec.const(i) is not None)
                 upload = frozenset(i for i in data if on_host[k.inputs[i]] and i not in own)
-                step = _Step(k.name, k.op, "device", kernels[k.op](spec, ctx), tuple(k.inputs), tuple(k.outputs),
+                step = _Step(k.name, k.op, "device", kernel.factory(spec), tuple(k.inputs), tuple(k.outputs),
                              tuple(k.frees), upload, device_params, own)
                 out_host = False
                 if device_params:
@@ -222,32 +221,6 @@ class NumpyStandIn:
         return None
 
 
-def _act_expr(act: tuple[str, dict[str, Any]] | None) -> str | None:
-    """CUDA C for an activation of float `v`; None where the fused kernel does not cover it."""
-    if not act:
-        return "v"
-    op, a = act
-    f = lambda k, d: repr(float(a.get(k, d))) + "f"
-    exprs = {
-        "Relu": "v > 0.f ? v : 0.f",
-        "Sigmoid": "1.f / (1.f + expf(-v))",
-        "Tanh": "tanhf(v)",
-        "HardSwish": "v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f",
-        "Gelu": "0.5f * v * (1.f + erff(v * 0.70710678f))",
-        "LeakyRelu": f"v >= 0.f ? v : {f('alpha', 0.01)} * v",
-        "HardSigmoid": f"fminf(fmaxf({f('alpha', 0.2)} * v + {f('beta', 0.5)}, 0.f), 1.f)",
-        "Elu": f"v > 0.f ? v : {f('alpha', 1.0)} * (expf(v) - 1.f)",
-        "Softplus": "v > 20.f ? v : log1pf(expf(v))",
-    }
-    if op == "Clip":
-        lo = a.get("min")
-        hi = a.get("max")
-        lo_s = "-INFINITY" if lo is None else repr(float(lo)) + "f"
-        hi_s = "INFINITY" if hi is None else repr(float(hi)) + "f"
-        return f"fminf(fmaxf(v, {lo_s}), {hi_s})"
-    return exprs.get(op)
-
-
 class CupyBackend:
     """The real GPU boundary: CuPy arrays, streams, CUDA Graph capture, ElementwiseKernel epilogues."""
 
@@ -305,7 +278,7 @@ class CupyBackend:
         cache: dict[str, Any] = {}
 
         def build(act: tuple[str, dict[str, Any]] | None) -> Callable[[Any, Any, Any], Any] | None:
-            expr = _act_expr(act)
+            expr = cuda_expr(act)
             if expr is None:
                 return None
             kern = cache.get(expr)
@@ -482,32 +455,32 @@ class CudaRuntime:
 
     def tune(self, graph: Graph, target: Target, golden: dict[int, Any], repeats: int = 10) -> dict[str, Any]:
         """Time every candidate on this GPU at the largest golden batch; keep the fastest one whose
-        outputs match TensorFlow's golden outputs within the precision's tolerance."""
+        outputs match TensorFlow's golden outputs at the tolerance verification will hold it to."""
         self.check_available()
         precision = target.precision
-        tol = TOLERANCE.get(precision)
-        if tol is None:
+        if precision not in DTYPES:
             raise ValueError(f"cuda runtime precision {precision!r}: expected fp32 or fp16 (int8 needs TensorRT)")
+        tol = tolerance_for(precision, device_class(target.backend))
         if not golden:
             raise ValueError("tuning needs golden inputs and outputs; the package has none")
         batch = max(golden)
+        names = [o.name for o in graph.outputs]
         report: dict[str, Any] = {}
         best: tuple[float, Choice] | None = None
         for choice in self.candidates():
             exe = self.prepare(copy.deepcopy(graph), {"precision": precision, "conv_algo": choice.conv_algo,
                                                       "cuda_graphs": choice.cuda_graphs, "contexts": 1})
-            errors = {}
-            for b, (ins, outs) in sorted(golden.items()):
-                got = exe.run([ins[v.name] for v in graph.inputs])
-                errors[b] = max(relative_error(g, outs[o.name]) for g, o in zip(got, graph.outputs))
+            checks = [compare(dict(zip(names, exe.run([ins[v.name] for v in graph.inputs]))), outs, tol)
+                      for _, (ins, outs) in sorted(golden.items())]
             feeds = [golden[batch][0][v.name] for v in graph.inputs]
             ms = median_seconds(lambda: exe.run(feeds), repeats) * 1e3
-            ok = max(errors.values()) <= tol
-            report[choice.label()] = {"median_ms": round(ms, 4), "max_rel_error": max(errors.values()), "accurate": ok}
+            ok = all(c.passed for c in checks)
+            report[choice.label()] = {"median_ms": round(ms, 4), "accurate": ok,
+                                      "max_abs_error": max(c.max_abs_error for c in checks)}
             if ok and (best is None or ms < best[0]):
                 best = (ms, choice)
         if best is None:
-            raise KernelError(f"no cuda configuration matches the golden outputs within {tol} ({precision}): {report}")
+            raise KernelError(f"no cuda configuration matches the golden outputs within {tol.describe()}: {report}")
         choice = best[1]
         chosen = {"precision": precision, "conv_algo": choice.conv_algo, "cuda_graphs": choice.cuda_graphs, "contexts": 2}
         tuning = {"choice": chosen, "tuned_batch": batch, "candidates": report, "device": self.backend.name}

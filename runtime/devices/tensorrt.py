@@ -62,7 +62,7 @@ def profile_shapes(inputs: dict[str, tuple[int, ...] | None], profile: BatchProf
 
     Any other dynamic dim cannot be given a range from a batch profile, so it is an error.
     """
-    out = {}
+    out: dict[str, tuple[tuple[int, ...], ...]] = {}
     for name, shape in inputs.items():
         if shape is None or not shape:
             raise ValueError(f"input {name!r}: TensorRT needs a known rank for an optimization profile")
@@ -143,8 +143,8 @@ def segment_file(seg: Segment, whole: bool) -> str:
 
 
 def _ptr(a: Any) -> int:
-    data = getattr(a, "data", None)
-    return int(data.ptr) if hasattr(data, "ptr") else int(a.ctypes.data)
+    ptr = getattr(getattr(a, "data", None), "ptr", None)  # a CuPy array's device pointer
+    return int(ptr) if ptr is not None else int(a.ctypes.data)
 
 
 class TrtExecutable:

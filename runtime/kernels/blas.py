@@ -1,10 +1,9 @@
 """float32 GEMM through oneMKL when the `mkl` extra is installed, NumPy's BLAS otherwise.
 
-Why: on the convolution shapes of ResNet50 and MobileNetV2, MKL's sgemm runs 1.2-1.8x
-OpenBLAS's (bench: 196x2304x256 65 -> 85 GFLOP/s, 49x4608x512 33 -> 61, one core), most on the
-few-row GEMMs of batch 1. MKL's packed-weights API was tried and left out: its packed copies are
-about 2.5x the weights (+150 MB on ResNet50), and at batch 1 the weights come from DRAM, so
-streaming the bigger copy ate the gain (1.03x, within noise). MKL runs sequential: the runtime's own pool splits the work (parallel.py explains why not BLAS threads).
+Why: on the convolution shapes of CNNs, MKL's sgemm beats OpenBLAS's, most on the few-row GEMMs
+of batch 1. MKL's packed-weights API was tried and left out: its packed copies are larger than
+the weights, and at batch 1 the weights come from DRAM, so streaming the bigger copy ate the
+gain. MKL runs sequential: the runtime's own pool splits the work (parallel.py explains why not BLAS threads).
 KUBETRT_BLAS=numpy turns it off. The binding is a few ctypes calls, so NumPy stays the only
 array library and a pod without the extra loses nothing but speed.
 """
@@ -37,7 +36,7 @@ def _load() -> ctypes.CDLL | None:
 
 _mkl = _load()
 BACKEND = "mkl" if _mkl is not None else "numpy"
-MIN_MKL_MACS = 1 << 20  # below ~1M multiply-adds MKL's 15-20 us call cost loses to NumPy's
+MIN_MKL_MACS = 1 << 20  # below this MKL's per-call cost loses to NumPy's
 
 
 def _row_stride(x: np.ndarray) -> int | None:

@@ -16,7 +16,7 @@ import numpy as np
 
 from . import blas, parallel
 
-TILE_BYTES = 3 << 19  # 1.5 MiB of im2col columns per tile (bench: 1-2 MiB best on 3x3 layers)
+TILE_BYTES = 3 << 19  # im2col columns per tile: about what stays in L2 across the GEMM
 MIN_TILES = 4
 MIN_TILE_ROWS = 192  # GEMM rows per tile: fewer and OpenBLAS packs the weights for too little work
 

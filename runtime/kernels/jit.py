@@ -16,6 +16,7 @@ import numpy as np
 
 from kubetrt.telemetry.logs import log
 
+from .activations import SCALAR_CLAMP, SCALAR_NONE
 from .parallel import threads_from_env
 
 try:  # pragma: no cover - exercised implicitly wherever numba is installed
@@ -23,7 +24,7 @@ try:  # pragma: no cover - exercised implicitly wherever numba is installed
 
     AVAILABLE = os.environ.get("KUBETRT_DISABLE_JIT", "") in ("", "0")
 except ImportError:  # pragma: no cover
-    numba = None
+    numba = None  # type: ignore[assignment]  # AVAILABLE is False: nothing reads it
     AVAILABLE = False
 
 CACHE_LOG_MSG = "numba cache fallback"  # the one line logged when the cache is not where numba looks first
@@ -89,10 +90,10 @@ def _setup_cache() -> bool:
     path, how, tried = choose_cache_dir(os.environ, in_tree)
     if how in ("env", "in-tree"):
         if tried:  # NUMBA_CACHE_DIR was set but unwritable: numba itself would skip it too
-            numba.config.CACHE_DIR = ""
+            setattr(numba.config, "CACHE_DIR", "")
             log(logger, logging.WARNING, CACHE_LOG_MSG, cache_dir=path, unwritable=",".join(tried))
         return True
-    numba.config.CACHE_DIR = path or ""
+    setattr(numba.config, "CACHE_DIR", path or "")
     log(logger, logging.WARNING, CACHE_LOG_MSG, cache_dir=path or "none (compiling without on-disk cache)",
         unwritable=",".join(tried))
     return path is not None
@@ -106,29 +107,22 @@ def njit(**options: Any) -> Callable[..., Any]:
     options["cache"] = bool(options.get("cache")) and CACHE
     return numba.njit(**options)
 
-ACT_NONE, ACT_RELU, ACT_CLIP = 0, 1, 2
-
-
-def fused_activation(act: tuple[str, dict[str, Any]] | None) -> tuple[int, float, float] | None:
-    """(ACT_*, lo, hi) for the activations fused kernels apply in place (none/Relu/Clip), from a
-    fused node's `activation` attr; None for the rest, which keep the NumPy epilogue."""
-    if not act:
-        return (ACT_NONE, 0.0, 0.0)
-    if act[0] == "Relu":
-        return (ACT_RELU, 0.0, 0.0)
-    if act[0] == "Clip":
-        return (ACT_CLIP, float(act[1].get("min", -np.inf)), float(act[1].get("max", np.inf)))
-    return None
-
 THREADS = threads_from_env("KUBETRT_JIT_THREADS")
 MIN_WORK_PER_THREAD = 32 * 1024  # output elements; below this a thread hop costs more than it saves
 
 if numba is not None:
 
+    @njit(cache=True, nogil=True)
+    def clamp(v, a, b):
+        # The scalar form SCALAR_CLAMP (Relu is clamp(v, 0, inf), Clip clamp(v, min, max): see
+        # activations.py). max/min keep a NaN operand NaN, as the xp forms do, and vectorize
+        # where selects do not.
+        return min(max(v, a), b)
+
     # Not numba-parallel: its worker threads spin after each region and starve the BLAS threads
     # of the next GEMM. nogil lets our own pool split the planes instead (see depthwise_conv).
     @njit(cache=True, nogil=True)
-    def _depthwise(xp, w, bias, out, sh, sw, dh, dw, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
+    def _depthwise(xp, w, bias, out, sh, sw, dh, dw, act, lo, hi, start, stop):
         n, c, oh, ow = out.shape
         kh, kw = w.shape[2], w.shape[3]
         for nc in range(start, stop):
@@ -150,12 +144,9 @@ if numba is not None:
                         else:
                             for j in range(ow):
                                 orow[j] += row[j * sw + off] * wv
-                if act == 1:
+                if act == SCALAR_CLAMP:
                     for j in range(ow):
-                        orow[j] = max(orow[j], np.float32(0.0))
-                elif act == 2:
-                    for j in range(ow):
-                        orow[j] = min(max(orow[j], lo), hi)
+                        orow[j] = clamp(orow[j], lo, hi)
 
 
 def run_split(kernel: Callable[..., None], args: tuple[Any, ...], items: int, work: int) -> None:
@@ -170,7 +161,7 @@ def run_split(kernel: Callable[..., None], args: tuple[Any, ...], items: int, wo
     split_range(lambda lo, hi: kernel(*args, lo, hi), items, parts)
 
 
-def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], oh: int, ow: int, act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], oh: int, ow: int, act: int = SCALAR_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
     """Depthwise (multiplier 1) convolution of a padded NCHW float32 tensor, bias and activation fused."""
     n, c = xp.shape[:2]
     out = np.empty((n, c, oh, ow), dtype=xp.dtype)
@@ -184,20 +175,19 @@ def depthwise_conv(xp: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strid
 if numba is not None:
 
     @njit(cache=True, nogil=True)
-    def _taps(pos, stride, dil, pad, k, size):  # type: ignore[no-untyped-def]
+    def _taps(pos, stride, dil, pad, k, size):
         # [first, end) of the kernel taps whose input index pos*stride + tap*dil - pad lies in
         # [0, size): the windowed kernels walk only these and never test for padding per tap.
         base = pos * stride - pad
         return max(0, -(base // dil)), min(k, -((base - size) // dil))
 
     @njit(cache=True, nogil=True, fastmath={"contract"})  # fused multiply-add: one rounding per tap
-    def _depthwise_nhwc(x, w, bias, out, sh, sw, dh, dw, pt, pl, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
+    def _depthwise_nhwc(x, w, bias, out, sh, sw, dh, dw, pt, pl, act, lo, hi, start, stop):
         # Reads the unpadded input and skips taps that fall into the padding: no padded copy.
         # Rows are (n, oh) pairs; the channel loop is innermost and contiguous, so it vectorizes.
         _, h, wd, _ = x.shape
         _, oh, ow, c = out.shape
         kh, kw = w.shape[0], w.shape[1]
-        zero = np.float32(0.0)
         for r in range(start, stop):
             b = r // oh
             i = r % oh
@@ -213,17 +203,12 @@ if numba is not None:
                         wt = w[a, e]
                         for ch in range(c):
                             acc[ch] += src[ch] * wt[ch]
-                if act == 1:
+                if act == SCALAR_CLAMP:
                     for ch in range(c):
-                        if acc[ch] < zero:
-                            acc[ch] = zero
-                elif act == 2:
-                    for ch in range(c):
-                        v = acc[ch]
-                        acc[ch] = lo if v < lo else (hi if v > hi else v)
+                        acc[ch] = clamp(acc[ch], lo, hi)
 
 
-def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int, act: int = ACT_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
+def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int, act: int = SCALAR_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
     """NHWC depthwise convolution (w: kh, kw, C) of an unpadded float32 tensor, epilogue fused."""
     n, _, _, c = x.shape
     out = np.empty((n, oh, ow, c), dtype=x.dtype)
@@ -237,21 +222,17 @@ def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, s
 if numba is not None:
 
     @njit(cache=True, nogil=True)
-    def _epilogue(y, bias, residual, has_bias, has_residual, act, lo, hi, start, stop):  # type: ignore[no-untyped-def]
-        # 2-D indexing and float32 constants keep the channel loop one vector op per 16 lanes;
-        # row views and a float64 0.0 made this 3-4x slower (bench: 32768x16 relu, 1.07 -> 0.31 ms).
+    def _epilogue(y, bias, residual, has_bias, has_residual, act, lo, hi, start, stop):
+        # 2-D indexing and bounds in y's dtype (float32 only: callers check) keep the channel loop
+        # one vector op per 16 lanes; row views and a float64 0.0 defeat the vectorizer.
         c = y.shape[1]
-        zero = np.float32(0.0)  # float32 results only (callers check)
         for r in range(start, stop):
             if has_residual:
                 for ch in range(c):
                     y[r, ch] += residual[r, ch]
-            if act == 1:
+            if act == SCALAR_CLAMP:
                 for ch in range(c):
-                    y[r, ch] = max(y[r, ch] + bias[ch], zero)
-            elif act == 2:
-                for ch in range(c):
-                    y[r, ch] = min(max(y[r, ch] + bias[ch], lo), hi)
+                    y[r, ch] = clamp(y[r, ch] + bias[ch], lo, hi)
             elif has_bias:
                 for ch in range(c):
                     y[r, ch] += bias[ch]
@@ -282,7 +263,7 @@ def epilogue_range(c: int, dtype: np.dtype, bias: np.ndarray | None, residual: n
 if numba is not None:
 
     @njit(cache=True, nogil=True)
-    def _max_pool_nhwc(x, out, kh, kw, sh, sw, dh, dw, pt, pl, start, stop):  # type: ignore[no-untyped-def]
+    def _max_pool_nhwc(x, out, kh, kw, sh, sw, dh, dw, pt, pl, start, stop):
         # Taps in the padding are skipped (padding is -inf for a max); channels innermost, contiguous.
         _, h, wd, _ = x.shape
         _, oh, ow, c = out.shape
@@ -308,7 +289,7 @@ if numba is not None:
                                 acc[ch] = src[ch]
 
 
-def max_pool_nhwc(x: np.ndarray, k: tuple[int, int], strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int) -> np.ndarray:
+def max_pool_nhwc(x: np.ndarray, k: tuple[int, ...], strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int) -> np.ndarray:
     """NHWC max pooling of an unpadded tensor in one pass (NumPy needs a padded copy + kh*kw passes)."""
     n, _, _, c = x.shape
     out = np.empty((n, oh, ow, c), dtype=x.dtype)

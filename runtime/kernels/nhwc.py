@@ -10,9 +10,9 @@ import functools
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import conv_gemm, jit, onednn, parallel
+from . import activations, conv_gemm, jit, onednn, parallel
 from .nn import conv_geometry, make_epilogue, out_size
-from .registry import KernelSpec, Run, register
+from .registry import OutputShapes, KernelSpec, Run, register
 
 
 def pad_hw(x: np.ndarray, begin: list[int], end: list[int], value: float = 0.0) -> np.ndarray:
@@ -35,12 +35,12 @@ def windows_hw(xp: np.ndarray, k: tuple[int, int], strides: list[int], dil: list
     shape, view_strides = (n, oh, ow, k[0], k[1], c), (sn, sh * strides[0], sw * strides[1], sh * dil[0], sw * dil[1], sc)
     if not xp.flags.c_contiguous:
         return as_strided(xp, shape=shape, strides=view_strides, writeable=False)
-    win = np.ndarray(shape, xp.dtype, xp, 0, view_strides)  # 2 us where as_strided takes 10 (batch-1 latency)
+    win = np.ndarray(shape, xp.dtype, xp, 0, view_strides)  # cheaper than as_strided, which matters at batch 1
     win.flags.writeable = False
     return win
 
 
-def _nhwc_conv_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _nhwc_conv_shape(spec: KernelSpec) -> OutputShapes:
     xs, ws = spec.shapes[0], spec.shapes[1]
     if xs is None or ws is None or len(xs) != 4 or -1 in xs[1:3]:
         return [(None, spec.dtypes[0])]
@@ -55,10 +55,10 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     assert w is not None, "the layout pass only rewrites convolutions with constant weights"
     o, cg, kh, kw = w.shape
     group = spec.attr("group", 1)
-    epilogue = make_epilogue(spec.attrs)
+    epilogue = make_epilogue(spec)
     residual_inplace = 3 in spec.inplace
     depthwise = group > 1 and group == o and cg == 1
-    jit_act = jit.fused_activation(spec.attrs.get("activation"))
+    jit_act = activations.scalar_form(spec.attrs.get("activation"))
     jit_epilogue = jit.AVAILABLE and jit_act is not None
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
     dnnl = onednn.conv_for_node(spec, w, "nhwc")
@@ -113,10 +113,11 @@ def conv_nhwc(spec: KernelSpec) -> Run:
         if depthwise:
             y = _depthwise_numpy(pad_hw(x, b, e), w_dw, strides, dil, oh, ow)  # type: ignore[arg-type]
         elif group == 1 and kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e):
-            if x.dtype == w_gemm.dtype and conv_gemm.worth_row_tiling(n * h * wd):  # type: ignore[union-attr]
+            assert w_gemm is not None  # built by the factory for every non-depthwise convolution
+            if x.dtype == w_gemm.dtype and conv_gemm.worth_row_tiling(n * h * wd):
                 check_residual(residual, (n, oh, ow, o))
                 return (conv_gemm.tiled_matmul(x.reshape(-1, c), w_gemm, row_epilogue(x.dtype, bias, residual)).reshape(n, oh, ow, o),)
-            y = parallel.matmul(x.reshape(-1, c), w_gemm).reshape(n, oh, ow, o)  # type: ignore[arg-type]
+            y = parallel.matmul(x.reshape(-1, c), w_gemm).reshape(n, oh, ow, o)
         else:
             win = windows_hw(pad_hw(x, b, e), (kh, kw), strides, dil, oh, ow)
             if group == 1 and x.dtype == w_gemm.dtype and conv_gemm.worth_tiling(win):  # type: ignore[union-attr]
@@ -159,7 +160,7 @@ def _depthwise_numpy(xp: np.ndarray, w: np.ndarray, strides: list[int], dil: lis
     return out
 
 
-def _nhwc_pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _nhwc_pool_shape(spec: KernelSpec) -> OutputShapes:
     xs = spec.shapes[0]
     k = tuple(spec.attr("kernel_shape") or ())
     if xs is None or len(xs) != 4 or -1 in xs[1:3]:
@@ -199,7 +200,7 @@ def pool_nhwc(spec: KernelSpec) -> Run:
     return run
 
 
-def _nhwc_global_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _nhwc_global_shape(spec: KernelSpec) -> OutputShapes:
     xs = spec.shapes[0]
     return [(None if xs is None else (xs[0], 1, 1, xs[3]), spec.dtypes[0])]
 
@@ -215,7 +216,7 @@ def global_pool_nhwc(spec: KernelSpec) -> Run:
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         n, h, w, c = x.shape
         rows = x.reshape(n, h * w, c)
-        if average and x.dtype.kind == "f":  # a GEMV: 2x NumPy's strided add.reduce over the spatial axis (13 -> 7 us at 16x16x64)
+        if average and x.dtype.kind == "f":  # a GEMV beats NumPy's strided add.reduce over the spatial axis
             y = np.matmul(mean_weights(h * w, x.dtype), rows)
         else:
             y = np.maximum.reduce(rows, axis=1)

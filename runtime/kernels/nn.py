@@ -12,20 +12,16 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import jit, onednn, parallel
-from .elementwise import unary_fn
-from .registry import KernelSpec, Run, register
+from . import activations, jit, onednn, parallel
+from .registry import OutputShapes, KernelSpec, Run, register
 
 
 # ---------------------------------------------------------------- epilogues
 
-def make_epilogue(attrs: dict[str, Any]) -> Callable[[np.ndarray], np.ndarray] | None:
+def make_epilogue(spec: KernelSpec) -> Callable[[np.ndarray], np.ndarray] | None:
     """In-place activation from a fused node's `activation` attr: ("Relu", {}) etc."""
-    act = attrs.get("activation")
-    if not act:
-        return None
-    f = unary_fn(act[0], act[1])
-    return lambda y: f(y, y)
+    f = activations.epilogue(np, spec.attrs.get("activation"), may_be_half=spec.dtypes[0] in (None, np.float16))
+    return None if f is None else lambda y: f(y, y)
 
 
 # ---------------------------------------------------------------- conv geometry
@@ -78,7 +74,7 @@ def windows(xp: np.ndarray, kernel: tuple[int, int], strides: list[int], dil: li
     )
 
 
-def _conv_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _conv_shape(spec: KernelSpec) -> OutputShapes:
     xs, ws = spec.shapes[0], spec.shapes[1]
     if xs is None or ws is None or len(xs) != 4 or -1 in xs[2:]:
         return [((xs[0], ws[0], -1, -1) if xs and ws else None, spec.dtypes[0])]
@@ -94,11 +90,11 @@ def conv(spec: KernelSpec) -> Run:
     """NCHW 2-D convolution. FusedConv(x, w, b, [residual]) adds the residual, then the activation."""
     w_const = spec.const(1)
     group = spec.attr("group", 1)
-    epilogue = make_epilogue(spec.attrs)
+    epilogue = make_epilogue(spec)
     has_bias = spec.has(2)
     has_residual = spec.has(3)
     residual_inplace = 3 in spec.inplace
-    jit_act = jit.fused_activation(spec.attrs.get("activation"))
+    jit_act = activations.scalar_form(spec.attrs.get("activation"))
     # Depthwise float32 convolutions without a residual run as one fused JIT pass.
     jit_depthwise = (
         jit.AVAILABLE and w_const is not None and group > 1 and w_const.shape[0] == group and w_const.shape[1] == 1
@@ -192,7 +188,7 @@ def depthwise(xp: np.ndarray, w: np.ndarray, strides: list[int], dil: list[int],
 
 # ---------------------------------------------------------------- pooling
 
-def _pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _pool_shape(spec: KernelSpec) -> OutputShapes:
     xs = spec.shapes[0]
     k = tuple(spec.attr("kernel_shape") or ())
     if xs is None or len(xs) != 4 or -1 in xs[2:]:
@@ -270,7 +266,7 @@ def pool(spec: KernelSpec) -> Run:
     return run
 
 
-def _global_pool_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _global_pool_shape(spec: KernelSpec) -> OutputShapes:
     xs = spec.shapes[0]
     return [(None if xs is None else tuple(xs[:2]) + (1,) * (len(xs) - 2), spec.dtypes[0])]
 
@@ -288,7 +284,7 @@ def global_pool(spec: KernelSpec) -> Run:
 
 # ---------------------------------------------------------------- matrix products
 
-def _matmul_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _matmul_shape(spec: KernelSpec) -> OutputShapes:
     a, b = spec.shapes[0], spec.shapes[1]
     if a is None or b is None:
         return [(None, spec.dtypes[0])]
@@ -308,7 +304,7 @@ def _matmul_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
 @register(["MatMul", "FusedMatMul"], _matmul_shape)
 def matmul(spec: KernelSpec) -> Run:
     """FusedMatMul(a, b, bias, [residual]) = act(a @ b + bias + residual)."""
-    epilogue = make_epilogue(spec.attrs)
+    epilogue = make_epilogue(spec)
     b_const = spec.const(1)
     dense = onednn.dense_for_node(spec, b_const)
     residual_inplace = 3 in spec.inplace
@@ -339,7 +335,7 @@ def matmul(spec: KernelSpec) -> Run:
     return run
 
 
-def _gemm_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _gemm_shape(spec: KernelSpec) -> OutputShapes:
     a, b = spec.shapes[0], spec.shapes[1]
     if a is None or b is None:
         return [(None, spec.dtypes[0])]
@@ -354,7 +350,7 @@ def gemm(spec: KernelSpec) -> Run:
     ta, tb = spec.attr("transA", 0), spec.attr("transB", 0)
     b_const = spec.const(1)
     b_fast = None if b_const is None else np.ascontiguousarray(b_const.T if tb else b_const) * np.float32(alpha)
-    epilogue = make_epilogue(spec.attrs)
+    epilogue = make_epilogue(spec)
 
     def run(a: np.ndarray, b: np.ndarray, c: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         aa = a.T if ta else a

@@ -5,13 +5,12 @@ Why: im2col + GEMM + a NumPy/numba epilogue writes every convolution's input sev
 and cannot fuse below a Python call per tile. oneDNN's kernels read NHWC directly, keep the
 weights in the blocked layout they want (reordered once here, per shape), and apply bias, the
 residual sum and the activation in registers. It is the library TensorFlow's own CPU kernels
-use. Same-process A/B against im2col + GEMM: batch 1 ResNet50 1.6x, MobileNetV2 2.5x, the small
-CNN 2x; batch 32 the MLP 2.2x, ResNet50 1.03x (MKL's GEMM is already near peak there). The binding is plain ctypes over the stable C API (v3), enum values are looked
+use. The binding is plain ctypes over the stable C API (v3), enum values are looked
 up by name through the library's own *2str functions, so no header is needed at run time.
 KUBETRT_CONV=gemm turns it off.
 
-Threads: oneDNN runs its OpenMP team inside each call (cheap hand-offs; the runtime's Python pool
-costs ~50 us per hop), so these calls are not split further by the runtime. OMP_NUM_THREADS caps
+Threads: oneDNN runs its OpenMP team inside each call (cheap hand-offs; a hop through the runtime's
+Python pool costs more than most convolutions save by splitting), so these calls are not split further by the runtime. OMP_NUM_THREADS caps
 the team; GOMP_SPINCOUNT is lowered by default (see _load).
 """
 from __future__ import annotations
@@ -23,7 +22,8 @@ from typing import Any
 
 import numpy as np
 
-from . import jit
+from . import activations
+from .activations import Act, Eltwise
 from .native import load_first
 
 _F32 = np.dtype(np.float32)
@@ -31,7 +31,7 @@ _MAX_DIMS = 12
 _Dims = ctypes.c_int64 * _MAX_DIMS
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
-MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call (~15 us) loses to NumPy's (64x10: 17 vs 7 us)
+MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call costs more than NumPy's
 _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 136, 255
 
 
@@ -118,11 +118,17 @@ class _Library:
         self.tag_abcd, self.tag_acdb, self.tag_abcde = _enum("fmt_tag", "abcd"), _enum("fmt_tag", "acdb"), _enum("fmt_tag", "abcde")
         self.inference = _enum("prop_kind", "forward_inference")
         self.conv_direct = _enum("alg_kind", "convolution_direct")
-        self.relu, self.clip = _enum("alg_kind", "eltwise_relu"), _enum("alg_kind", "eltwise_clip")
         self.scratchpad_user = _enum("scratchpad_mode", "user")
         self.engine = ctypes.c_void_p()
         _check(_lib.dnnl_engine_create(ctypes.byref(self.engine), _enum("engine_kind", "cpu"), 0), "engine_create")  # type: ignore[union-attr]
         self._local = threading.local()
+        self._alg_kinds: dict[str, int] = {}
+
+    def alg_kind(self, name: str) -> int:
+        """An eltwise algorithm by its name (e.g. eltwise_relu), looked up once."""
+        if name not in self._alg_kinds:
+            self._alg_kinds[name] = _enum("alg_kind", name)
+        return self._alg_kinds[name]
 
     def stream(self) -> ctypes.c_void_p:
         s = getattr(self._local, "stream", None)
@@ -186,7 +192,7 @@ class _Memories:
 
 class _Primitive:
     """A primitive and its argument slots; each thread binds its own memory objects once and then
-    only swaps the data pointers that changed (2 us each) before executing (4 us)."""
+    only swaps the data pointers that changed before executing: no per-call memory objects."""
 
     def __init__(self, pd: ctypes.c_void_p, args: list[int]) -> None:
         lib = _lib
@@ -217,25 +223,20 @@ class _Primitive:
 
     def __del__(self) -> None:
         if _lib is not None:
-            self._local = None
+            self.__dict__.pop("_local", None)  # this primitive's per-thread memories go first
             _lib.dnnl_primitive_destroy(self.handle)
             _lib.dnnl_primitive_desc_destroy(self.pd)
 
 
-def activation_post_op(act: tuple[str, dict[str, Any]] | None) -> tuple[str, float, float] | None | bool:
-    """("relu"|"clip", alpha, beta) for what oneDNN fuses, None for no activation, False if unsupported
-    (other activations, and Clip with an open bound other than [0, inf), which is ReLU)."""
-    parsed = jit.fused_activation(act)
+def activation_post_op(act: Act | None) -> Eltwise | None | bool:
+    """The eltwise post-op (alg_kind name, alpha, beta) of a fused node's activation, from the
+    activation table; None for no activation, False where oneDNN does not fuse it."""
+    parsed = activations.parse(act)
     if parsed is None:
-        return False
-    kind, lo, hi = parsed
-    if kind == jit.ACT_NONE:
         return None
-    if kind == jit.ACT_RELU or (lo == 0.0 and hi == np.inf):
-        return ("relu", 0.0, 0.0)
-    if np.isfinite(lo) and np.isfinite(hi):
-        return ("clip", lo, hi)
-    return False
+    entry, params = parsed
+    post = None if entry.onednn is None else entry.onednn(params)
+    return False if post is None else post
 
 
 class _FusedOp:
@@ -246,7 +247,7 @@ class _FusedOp:
     kind = "op"
 
     def __init__(self, w: np.ndarray, w_dims: tuple[int, ...], w_tag: int, bias: np.ndarray | None,
-                 activation: tuple[str, float, float] | None, residual: bool, name: str) -> None:
+                 activation: Eltwise | None, residual: bool, name: str) -> None:
         self.name = name
         self.w = np.ascontiguousarray(w, dtype=np.float32)
         self.w_dims, self.w_tag = w_dims, w_tag
@@ -294,7 +295,7 @@ class _FusedOp:
                     _check(lib.dnnl_post_ops_append_sum(post, 1.0, 0, st.f32), "post_ops sum")  # type: ignore[union-attr]
                 if self.activation is not None:
                     kind, alpha, beta = self.activation
-                    _check(lib.dnnl_post_ops_append_eltwise(post, st.relu if kind == "relu" else st.clip, alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
+                    _check(lib.dnnl_post_ops_append_eltwise(post, st.alg_kind(kind), alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
                 _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
                 pd = self._descriptor(key, attr)
             finally:
@@ -347,7 +348,7 @@ class Conv2D(_FusedOp):
     kind = "Conv"
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, group: int, strides: list[int], dil: list[int],
-                 activation: tuple[str, float, float] | None, residual: bool, layout: str = "nhwc", name: str = "conv") -> None:
+                 activation: Eltwise | None, residual: bool, layout: str = "nhwc", name: str = "conv") -> None:
         st = _library()
         o, cg, kh, kw = w.shape
         dims, tag = ((o, cg, kh, kw), st.tag_abcd) if group == 1 else ((group, o // group, cg, kh, kw), st.tag_abcde)
@@ -389,7 +390,7 @@ class Dense(_FusedOp):
 
     kind = "MatMul"
 
-    def __init__(self, w: np.ndarray, bias: np.ndarray | None, activation: tuple[str, float, float] | None,
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, activation: Eltwise | None,
                  residual: bool, name: str = "matmul") -> None:
         super().__init__(w, tuple(w.shape), _library().tag_ab, bias, activation, residual, name)
 

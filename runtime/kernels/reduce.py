@@ -3,18 +3,17 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import KernelSpec, Run, norm_axis, register, same_as_input
-from .tensor import _ints
+from .registry import ints, OutputShapes, KernelSpec, Run, norm_axis, register, same_as_input
 
 
 def _reduce_axes(spec: KernelSpec, axes_in: np.ndarray | None, ndim: int) -> tuple[int, ...] | None:
-    axes = _ints(axes_in) if axes_in is not None else spec.attr("axes")
+    axes = ints(axes_in) if axes_in is not None else spec.attr("axes")
     if not axes:
         return () if spec.attr("noop_with_empty_axes", 0) else None
     return tuple(norm_axis(a, ndim) for a in axes)
 
 
-def _reduce_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _reduce_shape(spec: KernelSpec) -> OutputShapes:
     s = spec.shapes[0]
     if s is None or (spec.has(1) and spec.const(1) is None):
         return [(None, spec.dtypes[0])]
@@ -38,7 +37,7 @@ _REDUCE = {
 }
 
 
-@register(list(_REDUCE), _reduce_shape)
+@register(list(_REDUCE), _reduce_shape, params=frozenset({1}))
 def reduce(spec: KernelSpec) -> Run:
     f = _REDUCE[spec.op]
     keep = bool(spec.attr("keepdims", 1))

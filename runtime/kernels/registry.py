@@ -1,14 +1,20 @@
-"""Kernel registry keyed by (op, device), with shape functions shared by eager and graph paths.
+"""Kernel registry: one definition per op (its shape function, how it reads its operands) and
+kernels per (op, device), so every device runs the same op table and shape arithmetic.
 
 A kernel is a factory: given the static facts about one node (attributes, constant operands,
-known input shapes, which operands it may overwrite) it returns a closure that runs the node.
-Work that depends only on static facts (weight re-layout, einsum paths, axes) happens once, in
-the factory, not on every call.
+known input shapes, which operands it may overwrite, and on a device its context) it returns a
+closure that runs the node. Work that depends only on static facts (weight re-layout, einsum
+paths, axes) happens once, in the factory, not on every call.
+
+Every op has a host kernel (the eager API, constant folding and device fallbacks need one), so
+`register` defines an op and its host kernel together; `register_device` adds the kernel of a
+device for an op already defined, and takes no shape function: the shape of an op does not
+depend on the device that runs it.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, overload
 
 import numpy as np
 
@@ -16,6 +22,8 @@ from ..errors import UnsupportedOpError
 
 Shape = tuple[int, ...] | None  # None = unknown rank; -1 = unknown dim
 Run = Callable[..., tuple[np.ndarray, ...]]
+
+HOST = "host"
 
 
 @dataclass
@@ -31,6 +39,7 @@ class KernelSpec:
     n_outputs: int = 1
     inplace: frozenset[int] = frozenset()  # operand indices the kernel may overwrite
     present: list[bool] = field(default_factory=list)  # False for omitted optional inputs
+    ctx: Any = None  # the device's context for its kernels (cuda: kernels.cuda.DeviceContext); None on the host
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)
@@ -42,43 +51,97 @@ class KernelSpec:
         return i < len(self.present) and self.present[i]
 
 
-ShapeFn = Callable[[KernelSpec], list[tuple[Shape, np.dtype | None]]]
+OutputShapes = list[tuple[Shape, np.dtype | None]]  # per output: shape and dtype, where known
+ShapeFn = Callable[[KernelSpec], OutputShapes]
 Factory = Callable[[KernelSpec], Run]
 
 
 @dataclass(frozen=True)
+class OpDef:
+    """What an op is on every device."""
+
+    op: str
+    shape_fn: ShapeFn
+    params: frozenset[int] = frozenset()  # operands that are shape-like parameters (targets, axes, pads), not data
+    shape_only: bool = False  # reads only its operands' shapes, never their values
+
+
+@dataclass(frozen=True)
 class KernelDef:
+    """One device's kernel for an op."""
+
     op: str
     device: str
     factory: Factory
-    shape_fn: ShapeFn
+    own_consts: frozenset[int] = frozenset()  # constant operands the factory takes itself: callers pass None
+
+    @property
+    def shape_fn(self) -> ShapeFn:
+        """The op's shape function: one per op, whichever device runs it."""
+        return _OPS[self.op].shape_fn
 
 
-_REGISTRY: dict[tuple[str, str], KernelDef] = {}
+_OPS: dict[str, OpDef] = {}
+_KERNELS: dict[tuple[str, str], KernelDef] = {}
 
 
-def register(ops: str | Sequence[str], shape_fn: ShapeFn, device: str = "host") -> Callable[[Factory], Factory]:
-    names = [ops] if isinstance(ops, str) else list(ops)
+def _names(ops: str | Sequence[str]) -> list[str]:
+    return [ops] if isinstance(ops, str) else list(ops)
+
+
+def register(ops: str | Sequence[str], shape_fn: ShapeFn, params: frozenset[int] = frozenset(),
+             shape_only: bool = False) -> Callable[[Factory], Factory]:
+    """Define `ops` (their shape function and operand roles) with `factory` as their host kernel."""
+    names = _names(ops)
 
     def deco(factory: Factory) -> Factory:
         for op in names:
-            _REGISTRY[(op, device)] = KernelDef(op, device, factory, shape_fn)
+            _OPS[op] = OpDef(op, shape_fn, params, shape_only)
+            _KERNELS[(op, HOST)] = KernelDef(op, HOST, factory)
         return factory
 
     return deco
 
 
-def supported_ops(device: str = "host") -> list[str]:
-    return sorted(op for (op, dev) in _REGISTRY if dev == device)
+def register_device(ops: str | Sequence[str], device: str,
+                    own_consts: frozenset[int] = frozenset()) -> Callable[[Factory], Factory]:
+    """`factory` as the `device` kernel of `ops`, which `register` must have defined already."""
+    if device == HOST:
+        raise ValueError("host kernels define their ops: register them with register(ops, shape_fn)")
+    names = _names(ops)
+    undefined = [op for op in names if op not in _OPS]
+    if undefined:
+        raise ValueError(f"{device} kernels for {', '.join(undefined)}: no such op is defined; register its host kernel first")
+
+    def deco(factory: Factory) -> Factory:
+        for op in names:
+            _KERNELS[(op, device)] = KernelDef(op, device, factory, own_consts)
+        return factory
+
+    return deco
 
 
-def lookup(op: str, device: str = "host", node: str | None = None) -> KernelDef:
+def supported_ops(device: str = HOST) -> list[str]:
+    return sorted(op for (op, dev) in _KERNELS if dev == device)
+
+
+def _where(node: str | None) -> str:
+    return f"node {node!r}: " if node else ""
+
+
+def op_def(op: str, node: str | None = None) -> OpDef:
     try:
-        return _REGISTRY[(op, device)]
+        return _OPS[op]
     except KeyError:
-        where = f"node {node!r}: " if node else ""
+        raise UnsupportedOpError(f"{_where(node)}op {op} is not defined; defined: {', '.join(sorted(_OPS))}") from None
+
+
+def lookup(op: str, device: str = HOST, node: str | None = None) -> KernelDef:
+    try:
+        return _KERNELS[(op, device)]
+    except KeyError:
         raise UnsupportedOpError(
-            f"{where}op {op} has no kernel on device {device}; supported: {', '.join(supported_ops(device))}"
+            f"{_where(node)}op {op} has no kernel on device {device}; supported: {', '.join(supported_ops(device))}"
         ) from None
 
 
@@ -115,3 +178,12 @@ def unknown_outputs(spec: KernelSpec) -> list[tuple[Shape, np.dtype | None]]:
 
 def norm_axis(axis: int, rank: int) -> int:
     return axis + rank if axis < 0 else axis
+
+
+@overload
+def ints(x: np.ndarray | Sequence[int]) -> list[int]: ...
+@overload
+def ints(x: None) -> None: ...
+def ints(x: Any) -> list[int] | None:
+    """An integer operand (axes, pads, shapes, sizes) as Python ints; an absent one stays None."""
+    return None if x is None else [int(v) for v in np.asarray(x).reshape(-1)]

@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import KernelSpec, Run, norm_axis, register, unknown_outputs
+from .registry import ints, OutputShapes, KernelSpec, Run, norm_axis, register, unknown_outputs
 
-
-def _ints(x: np.ndarray | None) -> list[int] | None:
-    return None if x is None else [int(v) for v in np.asarray(x).reshape(-1)]
 
 
 def _reshape_target(shape: tuple[int, ...], target: list[int], allowzero: int) -> list[int]:
@@ -17,8 +14,8 @@ def _reshape_target(shape: tuple[int, ...], target: list[int], allowzero: int) -
     return out
 
 
-def _reshape_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
-    target = _ints(spec.const(1))
+def _reshape_shape(spec: KernelSpec) -> OutputShapes:
+    target = ints(spec.const(1))
     src = spec.shapes[0]
     if target is None:
         return [(None, spec.dtypes[0])]
@@ -30,16 +27,16 @@ def _reshape_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
     return [(tuple(target), spec.dtypes[0])]
 
 
-@register("Reshape", _reshape_shape)
+@register("Reshape", _reshape_shape, params=frozenset({1}))
 def reshape(spec: KernelSpec) -> Run:
     allowzero = spec.attr("allowzero", 0)
-    static = _ints(spec.const(1))
+    static = ints(spec.const(1))
     if static is not None and 0 not in static:
         return lambda x, _s: (x.reshape(static),)
-    return lambda x, s: (x.reshape(_reshape_target(x.shape, _ints(s) or [], allowzero)),)
+    return lambda x, s: (x.reshape(_reshape_target(x.shape, ints(s) or [], allowzero)),)
 
 
-def _flatten_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _flatten_shape(spec: KernelSpec) -> OutputShapes:
     s = spec.shapes[0]
     if s is None:
         return [(None, spec.dtypes[0])]
@@ -60,7 +57,7 @@ def flatten(spec: KernelSpec) -> Run:
     return run
 
 
-def _transpose_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _transpose_shape(spec: KernelSpec) -> OutputShapes:
     s = spec.shapes[0]
     if s is None:
         return [(None, spec.dtypes[0])]
@@ -77,11 +74,11 @@ def transpose(spec: KernelSpec) -> Run:
 
 def _axes(spec: KernelSpec, input_index: int = 1) -> list[int] | None:
     if spec.has(input_index):
-        return _ints(spec.const(input_index))
+        return ints(spec.const(input_index))
     return spec.attr("axes")
 
 
-def _squeeze_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _squeeze_shape(spec: KernelSpec) -> OutputShapes:
     s, axes = spec.shapes[0], _axes(spec)
     if s is None or (axes is None and spec.has(1)):
         return [(None, spec.dtypes[0])]
@@ -91,18 +88,18 @@ def _squeeze_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
     return [(tuple(d for i, d in enumerate(s) if i not in ax), spec.dtypes[0])]
 
 
-@register("Squeeze", _squeeze_shape)
+@register("Squeeze", _squeeze_shape, params=frozenset({1}))
 def squeeze(spec: KernelSpec) -> Run:
     attr_axes = spec.attr("axes")
 
     def run(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        ax = _ints(axes) if axes is not None else attr_axes
+        ax = ints(axes) if axes is not None else attr_axes
         return (np.squeeze(x, axis=None if ax is None else tuple(ax)),)
 
     return run
 
 
-def _unsqueeze_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _unsqueeze_shape(spec: KernelSpec) -> OutputShapes:
     s, axes = spec.shapes[0], _axes(spec)
     if s is None or axes is None:
         return [(None, spec.dtypes[0])]
@@ -113,19 +110,19 @@ def _unsqueeze_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
     return [(tuple(out), spec.dtypes[0])]
 
 
-@register("Unsqueeze", _unsqueeze_shape)
+@register("Unsqueeze", _unsqueeze_shape, params=frozenset({1}))
 def unsqueeze(spec: KernelSpec) -> Run:
     attr_axes = spec.attr("axes")
 
     def run(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        ax = _ints(axes) if axes is not None else attr_axes
+        ax = ints(axes) if axes is not None else attr_axes
         rank = x.ndim + len(ax)
         return (np.expand_dims(x, tuple(sorted(norm_axis(a, rank) for a in ax))),)
 
     return run
 
 
-def _concat_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _concat_shape(spec: KernelSpec) -> OutputShapes:
     shapes = spec.shapes
     if any(s is None for s in shapes):
         return [(None, spec.dtypes[0])]
@@ -145,14 +142,14 @@ def concat(spec: KernelSpec) -> Run:
     return lambda *xs: (np.concatenate(xs, axis=axis),)
 
 
-@register("Split", lambda s: unknown_outputs(s))
+@register("Split", lambda s: unknown_outputs(s), params=frozenset({1}))
 def split(spec: KernelSpec) -> Run:
     axis = spec.attr("axis", 0)
     attr_split = spec.attr("split")
     n = spec.n_outputs
 
     def run(x: np.ndarray, sizes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        parts = _ints(sizes) if sizes is not None else attr_split
+        parts = ints(sizes) if sizes is not None else attr_split
         a = norm_axis(axis, x.ndim)
         if parts is None:
             size = -(-x.shape[a] // n)
@@ -163,21 +160,21 @@ def split(spec: KernelSpec) -> Run:
     return run
 
 
-@register("Slice", lambda s: [(None, s.dtypes[0])])
+@register("Slice", lambda s: [(None, s.dtypes[0])], params=frozenset({1, 2, 3, 4}))
 def slice_(spec: KernelSpec) -> Run:
     def run(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray | None = None, steps: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        st, en = _ints(starts), _ints(ends)
-        ax = _ints(axes) if axes is not None else list(range(len(st)))  # type: ignore[arg-type]
-        sp = _ints(steps) if steps is not None else [1] * len(st)  # type: ignore[arg-type]
+        st, en = ints(starts), ints(ends)
+        ax = ints(axes) if axes is not None else list(range(len(st)))
+        sp = ints(steps) if steps is not None else [1] * len(st)
         index = [slice(None)] * x.ndim
-        for s, e, a, k in zip(st, en, ax, sp):  # type: ignore[arg-type]
+        for s, e, a, k in zip(st, en, ax, sp):
             index[norm_axis(a, x.ndim)] = slice(s, e, k)
         return (x[tuple(index)],)
 
     return run
 
 
-def _gather_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _gather_shape(spec: KernelSpec) -> OutputShapes:
     s, i = spec.shapes
     if s is None or i is None:
         return [(None, spec.dtypes[0])]
@@ -205,12 +202,12 @@ def gather_elements(spec: KernelSpec) -> Run:
     return lambda x, idx: (np.take_along_axis(x, idx.astype(np.int64), axis=axis),)
 
 
-def _pad_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _pad_shape(spec: KernelSpec) -> OutputShapes:
     s = spec.shapes[0]
-    pads = _ints(spec.const(1)) if spec.has(1) else spec.attr("pads")
+    pads = ints(spec.const(1)) if spec.has(1) else spec.attr("pads")
     if s is None or pads is None or (spec.has(3) and spec.const(3) is None):
         return [(None, spec.dtypes[0])]
-    axes = _ints(spec.const(3)) if spec.has(3) else list(range(len(s)))
+    axes = ints(spec.const(3)) if spec.has(3) else list(range(len(s)))
     out = list(s)
     for j, a in enumerate(axes):  # type: ignore[arg-type]
         a = norm_axis(a, len(s))
@@ -219,53 +216,53 @@ def _pad_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
     return [(tuple(out), spec.dtypes[0])]
 
 
-@register("Pad", _pad_shape)
+@register("Pad", _pad_shape, params=frozenset({1, 2, 3}))
 def pad(spec: KernelSpec) -> Run:
     mode = spec.attr("mode", "constant")
     np_mode = {"constant": "constant", "reflect": "reflect", "edge": "edge", "wrap": "wrap"}[mode]
 
     def run(x: np.ndarray, pads: np.ndarray | None = None, value: np.ndarray | None = None, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        p = _ints(pads) if pads is not None else spec.attr("pads")
-        ax = _ints(axes) if axes is not None else list(range(x.ndim))
+        p = ints(pads) if pads is not None else spec.attr("pads")
+        ax = ints(axes) if axes is not None else list(range(x.ndim))
         width = [(0, 0)] * x.ndim
-        k = len(ax)  # type: ignore[arg-type]
-        for j, a in enumerate(ax):  # type: ignore[arg-type]
-            width[norm_axis(a, x.ndim)] = (p[j], p[j + k])  # type: ignore[index]
+        k = len(ax)
+        for j, a in enumerate(ax):
+            width[norm_axis(a, x.ndim)] = (p[j], p[j + k])
         if any(lo < 0 or hi < 0 for lo, hi in width):
             x = x[tuple(slice(max(0, -lo), x.shape[i] - max(0, -hi)) for i, (lo, hi) in enumerate(width))]
             width = [(max(0, lo), max(0, hi)) for lo, hi in width]
         if np_mode == "constant":
             cv = 0 if value is None or np.size(value) == 0 else np.asarray(value).item()
             return (np.pad(x, width, mode="constant", constant_values=cv),)
-        return (np.pad(x, width, mode=np_mode),)
+        return (np.pad(x, width, mode=np_mode),)  # type: ignore[call-overload]  # the stubs want a Literal mode
 
     return run
 
 
-def _shape_shape(spec: KernelSpec):  # type: ignore[no-untyped-def]
+def _shape_shape(spec: KernelSpec) -> OutputShapes:
     s = spec.shapes[0]
     return [((len(s),) if s is not None else (-1,), np.dtype(np.int64))]
 
 
-@register("Shape", _shape_shape)
+@register("Shape", _shape_shape, shape_only=True)
 def shape(spec: KernelSpec) -> Run:
     start, end = spec.attr("start", 0), spec.attr("end")
     return lambda x: (np.array(x.shape[start:end], dtype=np.int64),)
 
 
-@register("Size", lambda s: [((), np.dtype(np.int64))])
+@register("Size", lambda s: [((), np.dtype(np.int64))], shape_only=True)
 def size(spec: KernelSpec) -> Run:
     return lambda x: (np.array(x.size, dtype=np.int64),)
 
 
-@register("Expand", lambda s: [(None, s.dtypes[0])])
+@register("Expand", lambda s: [(None, s.dtypes[0])], params=frozenset({1}))
 def expand(spec: KernelSpec) -> Run:
-    return lambda x, s: (x * np.ones(_ints(s), dtype=x.dtype),)  # type: ignore[arg-type]
+    return lambda x, s: (x * np.ones(ints(s), dtype=x.dtype),)
 
 
-@register("Tile", lambda s: [(None, s.dtypes[0])])
+@register("Tile", lambda s: [(None, s.dtypes[0])], params=frozenset({1}))
 def tile(spec: KernelSpec) -> Run:
-    return lambda x, reps: (np.tile(x, _ints(reps)),)  # type: ignore[arg-type]
+    return lambda x, reps: (np.tile(x, ints(reps)),)
 
 
 def _const_of_shape_dtype(spec: KernelSpec) -> np.ndarray:
@@ -273,10 +270,11 @@ def _const_of_shape_dtype(spec: KernelSpec) -> np.ndarray:
     return np.zeros(1, np.float32) if v is None else np.asarray(v).reshape(-1)
 
 
-@register("ConstantOfShape", lambda s: [(None if s.const(0) is None else tuple(_ints(s.const(0)) or []), _const_of_shape_dtype(s).dtype)])
+@register("ConstantOfShape", lambda s: [(None if s.const(0) is None else tuple(ints(s.const(0)) or []), _const_of_shape_dtype(s).dtype)],
+          params=frozenset({0}))
 def constant_of_shape(spec: KernelSpec) -> Run:
     v = _const_of_shape_dtype(spec)
-    return lambda s: (np.full(_ints(s), v[0], dtype=v.dtype),)  # type: ignore[arg-type]
+    return lambda s: (np.full(ints(s), v[0], dtype=v.dtype),)
 
 
 def _constant_value(spec: KernelSpec) -> np.ndarray:
@@ -297,7 +295,7 @@ def constant(spec: KernelSpec) -> Run:
     return lambda: (v,)
 
 
-@register("Range", lambda s: [((-1,), s.dtypes[0])])
+@register("Range", lambda s: [((-1,), s.dtypes[0])], params=frozenset({0, 1, 2}))
 def range_(spec: KernelSpec) -> Run:
     return lambda a, b, d: (np.arange(a.item(), b.item(), d.item(), dtype=a.dtype),)
 
@@ -307,7 +305,7 @@ def nonzero(spec: KernelSpec) -> Run:
     return lambda x: (np.array(np.nonzero(x), dtype=np.int64),)
 
 
-@register("TopK", lambda s: [(None, s.dtypes[0]), (None, np.dtype(np.int64))])
+@register("TopK", lambda s: [(None, s.dtypes[0]), (None, np.dtype(np.int64))], params=frozenset({1}))
 def topk(spec: KernelSpec) -> Run:
     axis, largest = spec.attr("axis", -1), spec.attr("largest", 1)  # results are always sorted
 

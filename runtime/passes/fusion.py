@@ -11,8 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..graph import Graph, Node
-
-ACTIVATIONS = {"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Clip", "Gelu", "Elu", "Softplus"}
+from ..kernels.activations import FUSABLE
 
 
 class _Index:
@@ -137,7 +136,8 @@ def fold_pad_into_conv(graph: Graph) -> bool:
 
 
 def _activation_attrs(graph: Graph, node: Node) -> tuple[str, dict[str, Any]] | None:
-    if node.op not in ACTIVATIONS:
+    """The `activation` attr for a fused epilogue, for the activations the table marks fusable."""
+    if node.op not in FUSABLE:
         return None
     if node.op == "Clip":
         bounds = {}
@@ -160,7 +160,7 @@ def fuse_epilogues(graph: Graph) -> bool:
         if node.op == "Conv":
             node.op = "FusedConv"
             node.inputs = node.inputs + [""] * (3 - len(node.inputs))
-        if node.op == "MatMul" and _const(graph, node.inputs[1]) is not None and _const(graph, node.inputs[1]).ndim == 2:
+        if node.op == "MatMul" and (w := _const(graph, node.inputs[1])) is not None and w.ndim == 2:
             node.op = "FusedMatMul"
             node.inputs = node.inputs + [""]
         if node.op not in ("FusedConv", "FusedMatMul") or node.attrs.get("activation"):

@@ -148,11 +148,10 @@ def _sink_binary(rw: _Rewriter) -> bool:
         if node.op not in BINARY or len(node.inputs) != 2:
             continue
         ts = [rw.single_use_transpose(i) for i in node.inputs]
-        if all(ts) and ts[0] is not ts[1] and ts[0].attrs["perm"] == ts[1].attrs["perm"]:  # type: ignore[union-attr]
-            perm = ts[0].attrs["perm"]  # type: ignore[union-attr]
-            rw.g.nodes.remove(ts[1])  # type: ignore[arg-type]
-            _move_after(rw, node, ts[0], {0: ts[0].inputs[0], 1: ts[1].inputs[0]})  # type: ignore[union-attr]
-            assert perm
+        t0, t1 = ts
+        if t0 is not None and t1 is not None and t0 is not t1 and t0.attrs["perm"] == t1.attrs["perm"]:
+            rw.g.nodes.remove(t1)
+            _move_after(rw, node, t0, {0: t0.inputs[0], 1: t1.inputs[0]})
             return True
         for k in (0, 1):
             t, other = ts[k], node.inputs[1 - k]
@@ -197,14 +196,15 @@ def _sink_concat(rw: _Rewriter) -> bool:
     for node in rw.g.nodes:
         if node.op != "Concat":
             continue
-        ts = [rw.single_use_transpose(i) for i in node.inputs]
-        if not all(ts) or len({tuple(t.attrs["perm"]) for t in ts}) != 1 or len(set(map(id, ts))) != len(ts):  # type: ignore[union-attr]
+        found = [t for t in (rw.single_use_transpose(i) for i in node.inputs) if t is not None]
+        if (len(found) != len(node.inputs) or len({tuple(t.attrs["perm"]) for t in found}) != 1
+                or len(set(map(id, found))) != len(found)):
             continue
-        perm = ts[0].attrs["perm"]  # type: ignore[union-attr]
+        perm = found[0].attrs["perm"]
         axis = node.attrs["axis"] % len(perm)
         node.attrs = {**node.attrs, "axis": perm[axis]}
-        for t in ts[1:]:
-            rw.g.nodes.remove(t)  # type: ignore[arg-type]
-        _move_after(rw, node, ts[0], {i: t.inputs[0] for i, t in enumerate(ts)})  # type: ignore[union-attr]
+        for t in found[1:]:
+            rw.g.nodes.remove(t)
+        _move_after(rw, node, found[0], {i: t.inputs[0] for i, t in enumerate(found)})
         return True
     return False

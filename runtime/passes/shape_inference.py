@@ -7,11 +7,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Graph, ValueInfo
+from ..graph import Graph, Node, ValueInfo
 from ..kernels.registry import KernelSpec, lookup
 
 
-def spec_for(graph: Graph, node, inplace: frozenset[int] = frozenset()) -> KernelSpec:  # type: ignore[no-untyped-def]
+def spec_for(graph: Graph, node: Node, inplace: frozenset[int] = frozenset()) -> KernelSpec:
     vals = graph.values
     consts = [graph.constants.get(i) if i else None for i in node.inputs]
     shapes = [(vals[i].shape if i in vals else None) if i else None for i in node.inputs]

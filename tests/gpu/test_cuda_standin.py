@@ -9,8 +9,11 @@ import json
 import numpy as np
 import pytest
 from helpers import check_all_batches, fresh, load
-from kubetrt.runtime import load_model
-from kubetrt.runtime.devices import build_engine, cuda
+from kubetrt.runtime import load_model, ops
+from kubetrt.runtime import accuracy
+from kubetrt.runtime.devices import cuda, resolve_target
+from kubetrt.runtime.engine import build_engine
+from kubetrt.runtime.package import open_package
 from kubetrt.runtime.devices.cuda import (
     CaptureUnsafe,
     CudaRuntime,
@@ -18,6 +21,7 @@ from kubetrt.runtime.devices.cuda import (
     gfd_product,
 )
 from kubetrt.runtime.errors import KernelError
+from kubetrt.runtime.kernels import cuda as ck
 from kubetrt.runtime.onnx_import import from_proto
 from kubetrt.runtime.target import BatchProfile, Target, TargetError
 from onnx import helper
@@ -120,7 +124,7 @@ def test_cuda_stand_in_tune_picks_an_accurate_candidate_and_refuses_when_none_is
     assert set(options["candidates"]) == {"im2col", "shifted"}
     tuning = json.loads(options["_files"][cuda.TUNING_FILE])
     assert tuning["choice"]["conv_algo"] == options["conv_algo"]
-    monkeypatch.setitem(cuda.TOLERANCE, "fp16", 1e-9)
+    monkeypatch.setitem(accuracy.TOLERANCES, ("fp16", "gpu"), 1e-9)
     with pytest.raises(KernelError, match="no cuda configuration matches the golden outputs"):
         STAND_IN.tune(fresh(graph), target, golden, repeats=1)
 
@@ -132,7 +136,8 @@ def test_cuda_stand_in_engine_build_load_and_refusal_on_another_gpu(zoo, tmp_pat
     monkeypatch.setattr(cuda, "RUNTIME", CudaRuntime(backend))
     pkg = zoo.package("mlp")
     out = tmp_path / "engine"
-    meta = build_engine(pkg, Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 4, 8)), out)
+    target = resolve_target(Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 4, 8)))
+    meta = build_engine(pkg, open_package(pkg), target, out)
     assert (out / cuda.TUNING_FILE).is_file() and cuda.TUNING_FILE in meta["files"]
     assert meta["key"].startswith("cuda_numpy-stand-in_sm00_")
     model = load_model(pkg, "cuda", engine_dir=out)
@@ -173,12 +178,8 @@ def test_cuda_pool_numpy_stand_in_matches_onnxruntime(case) -> None:  # type: ig
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
     from onnx_cases import make_model, node, run_ort
 
-    from kubetrt.runtime.devices import cuda_kernels as ck
-    from kubetrt.runtime.kernels.registry import KernelSpec
-
     _, attrs, op, shape = case
     x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
     expected = run_ort(make_model([node(op, ["x"], **attrs)], {"x": x}, ["y"]), {"x": x})[0]
-    spec = KernelSpec(op, "pool", attrs, [None], [shape], [x.dtype], present=[True])
-    (got,) = ck.pool(spec, ck.DeviceContext(xp=np))(x)
+    got = ops.call(op, x, device="cuda", ctx=ck.DeviceContext(xp=np), **attrs)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)

@@ -34,6 +34,7 @@ import numpy as np
 from kubetrt.telemetry.logs import configure
 configure()
 from kubetrt.runtime.kernels import jit
+from kubetrt.runtime.kernels.activations import SCALAR_CLAMP
 
 rng = np.random.default_rng(0)
 x = rng.standard_normal((2, 7, 6, 5)).astype(np.float32)
@@ -42,7 +43,7 @@ xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)), constant_values=-np.inf)
 ref = np.stack([np.stack([xp[:, 2 * i:2 * i + 3, 2 * j:2 * j + 3].max(axis=(1, 2)) for j in range(3)], 1) for i in range(4)], 1)
 w = rng.standard_normal((3, 3, 5)).astype(np.float32)
 b = rng.standard_normal(5).astype(np.float32)
-conv = jit.depthwise_conv_nhwc(x, w, b, [1, 1], [1, 1], [1, 1], 7, 6, jit.ACT_RELU)
+conv = jit.depthwise_conv_nhwc(x, w, b, [1, 1], [1, 1], [1, 1], 7, 6, SCALAR_CLAMP, 0.0, np.inf)
 xz = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
 cref = np.maximum(sum(xz[:, a:a + 7, e:e + 6] * w[a, e] for a in range(3) for e in range(3)) + b, 0)
 kernels = (jit._max_pool_nhwc, jit._depthwise_nhwc)

@@ -159,7 +159,7 @@ def test_one_model_serves_several_batch_sizes() -> None:
 @needs_onednn
 def test_threads_sharing_one_convolution_get_their_own_results() -> None:
     w, bias = f32(16, 8, 3, 3), f32(16)
-    conv = onednn.Conv2D(w, bias, 1, [1, 1], [1, 1], ("relu", 0.0, 0.0), residual=False)
+    conv = onednn.Conv2D(w, bias, 1, [1, 1], [1, 1], ("eltwise_relu", 0.0, 0.0), residual=False)
     inputs = [f32(2, 12, 12, 8) for _ in range(6)]
     expected = [conv(x, 12, 12, [1, 1], [1, 1]).copy() for x in inputs]
     got: dict[int, list[np.ndarray]] = {}

@@ -1,14 +1,16 @@
-"""Device kernels of the `cuda` runtime, written against an array module `xp`.
+"""Kernels of the `cuda` device, written against an array module `xp`, in the one registry
+(device "cuda"): the ops and their shape functions are the host's.
 
 On a GPU node `xp` is CuPy; in CI it is NumPy, a stand-in at the GPU boundary, so the kernels'
 math and the plan around them are checked against onnxruntime and TensorFlow golden outputs on
 every machine. Only the fused epilogue (`cupy.ElementwiseKernel`), streams and CUDA Graph capture
-are GPU-only.
+are GPU-only (devices/cuda.py).
 
-A factory takes the node's static facts (KernelSpec) and a DeviceContext and returns
-run(*operands) -> tuple of arrays. Operands arrive already resident where the plan says: data
-operands on the device (constants uploaded once, in the compute dtype), shape-like parameter
-operands (reshape targets, axes, pads) as host NumPy arrays, so nothing here synchronizes.
+A factory takes the node's static facts (KernelSpec, whose `ctx` is the DeviceContext) and
+returns run(*operands) -> tuple of arrays. Operands arrive already resident where the plan says:
+data operands on the device (constants uploaded once, in the compute dtype), shape-like parameter
+operands (the op's `params`: reshape targets, axes, pads) as host NumPy arrays, so nothing here
+synchronizes. Nothing here imports CuPy.
 """
 from __future__ import annotations
 
@@ -18,29 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from ..kernels.nn import conv_geometry, out_size, pool_attrs, pool_counts, pool_geometry
-from ..kernels.registry import KernelSpec, norm_axis
+from .activations import UNARY_OPS, bind
+from .activations import epilogue as activation_epilogue
+from .elementwise import clip_at_run_time, clip_bounds
+from .nn import conv_geometry, out_size, pool_attrs, pool_counts, pool_geometry
+from .registry import ints, KernelSpec, norm_axis, register_device
 
 Run = Callable[..., tuple[Any, ...]]
-Factory = Callable[[KernelSpec, "DeviceContext"], Run]
+DEVICE = "cuda"
 
 CONV_ALGOS = ("im2col", "shifted")
-
-# Operand positions a kernel reads as host-side parameters (never device data).
-PARAM_OPERANDS: dict[str, frozenset[int]] = {
-    "Reshape": frozenset({1}), "Squeeze": frozenset({1}), "Unsqueeze": frozenset({1}),
-    "Slice": frozenset({1, 2, 3, 4}), "Expand": frozenset({1}), "Tile": frozenset({1}),
-    "Split": frozenset({1}), "Pad": frozenset({1, 2, 3}), "Clip": frozenset({1, 2}),
-    "ConstantOfShape": frozenset({0}), "Range": frozenset({0, 1, 2}), "TopK": frozenset({1}),
-    **{op: frozenset({1}) for op in ("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd",
-                                      "ReduceSumSquare", "ReduceL1", "ReduceL2", "ReduceLogSumExp")},
-}
-# Ops that only read their operand's shape: they run on the host even for device operands.
-SHAPE_ONLY = frozenset({"Shape", "Size"})
-# Constant operands a kernel uploads itself, in its own layout: the plan passes None for them.
-OWN_CONSTS: dict[str, frozenset[int]] = {
-    "Conv": frozenset({1, 2}), "FusedConv": frozenset({1, 2}), "MatMul": frozenset({1}), "FusedMatMul": frozenset({1, 2}),
-}
 
 
 @dataclass
@@ -50,7 +39,7 @@ class DeviceContext:
     xp: Any
     compute_dtype: np.dtype = np.dtype(np.float32)
     conv_algo: str = "im2col"
-    fused_epilogue: Callable[..., Any] | None = None  # GPU: ElementwiseKernel builder (see cuda.py)
+    fused_epilogue: Callable[..., Any] | None = None  # GPU: ElementwiseKernel builder (see devices/cuda.py)
     stats: dict[str, int] = field(default_factory=dict)
 
     def upload(self, x: Any) -> Any:
@@ -65,65 +54,18 @@ class DeviceContext:
         return None if c is None else self.upload(c)
 
 
-def _ints(x: Any) -> list[int] | None:
-    return None if x is None else [int(v) for v in np.asarray(x).reshape(-1)]
+
+def _ctx(spec: KernelSpec) -> DeviceContext:
+    if not isinstance(spec.ctx, DeviceContext):
+        raise TypeError(f"{spec.op} {spec.name}: a cuda kernel needs spec.ctx to be a DeviceContext, got {type(spec.ctx).__name__}")
+    return spec.ctx
 
 
-# --------------------------------------------------------------------- activations
-
-def _erf(xp: Any, x: Any) -> Any:
-    """erf by Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7), in float32 arithmetic."""
-    xf = x.astype(np.float32)
-    a = xp.abs(xf)
-    t = 1.0 / (1.0 + 0.3275911 * a)
-    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
-    return (xp.sign(xf) * (1.0 - poly * xp.exp(-a * a))).astype(x.dtype)
+def _may_be_half(ctx: DeviceContext) -> bool:
+    return ctx.compute_dtype == np.float16
 
 
-def activation(xp: Any, op: str, attrs: dict[str, Any]) -> Callable[[Any], Any]:
-    """The math of one unary op with xp ops; shared by standalone kernels and unfused epilogues."""
-    def f32(g: Callable[[Any], Any]) -> Callable[[Any], Any]:  # transcendental math in fp32
-        return lambda x: g(x.astype(np.float32)).astype(x.dtype) if x.dtype == np.float16 else g(x)
-
-    if op == "Relu":
-        return lambda x: xp.maximum(x, 0)
-    if op == "LeakyRelu":
-        a = float(attrs.get("alpha", 0.01))
-        return lambda x: xp.where(x >= 0, x, x * x.dtype.type(a))
-    if op == "Sigmoid":
-        return f32(lambda x: 1.0 / (1.0 + xp.exp(-x)))
-    if op == "HardSigmoid":
-        a, b = float(attrs.get("alpha", 0.2)), float(attrs.get("beta", 0.5))
-        return lambda x: xp.clip(x * x.dtype.type(a) + x.dtype.type(b), 0, 1)
-    if op == "HardSwish":
-        return lambda x: x * (xp.clip(x + x.dtype.type(3), 0, 6) / x.dtype.type(6))
-    if op == "Gelu":
-        return f32(lambda x: 0.5 * x * (1.0 + _erf(xp, x * np.float32(0.7071067811865476))))
-    if op == "Erf":
-        return f32(lambda x: _erf(xp, x))
-    if op == "Elu":
-        a = float(attrs.get("alpha", 1.0))
-        return f32(lambda x: xp.where(x > 0, x, (xp.exp(xp.minimum(x, 0)) - 1) * np.float32(a)))
-    if op == "Softplus":
-        return f32(lambda x: xp.logaddexp(x, np.float32(0)))
-    if op == "Clip":
-        lo, hi = attrs.get("min"), attrs.get("max")
-        return lambda x: xp.clip(x, -np.inf if lo is None else lo, np.inf if hi is None else hi).astype(x.dtype, copy=False)
-    simple = {"Tanh": "tanh", "Exp": "exp", "Log": "log", "Sqrt": "sqrt", "Neg": "negative", "Abs": "abs",
-              "Floor": "floor", "Ceil": "ceil", "Reciprocal": "reciprocal", "Sin": "sin", "Cos": "cos",
-              "Sign": "sign", "Round": "rint", "Not": "logical_not"}
-    if op in simple:
-        g = getattr(xp, simple[op])
-        return f32(g) if op in ("Tanh", "Exp", "Log", "Sqrt", "Sin", "Cos") else g
-    if op in ("Identity", "Dropout"):
-        return lambda x: x
-    raise KeyError(op)
-
-
-UNARY_OPS = ["Relu", "LeakyRelu", "Sigmoid", "HardSigmoid", "HardSwish", "Gelu", "Erf", "Elu", "Softplus",
-             "Tanh", "Exp", "Log", "Sqrt", "Neg", "Abs", "Floor", "Ceil", "Reciprocal", "Sin", "Cos", "Sign",
-             "Round", "Not", "Identity"]
-
+# --------------------------------------------------------------------- epilogue
 
 def epilogue(spec: KernelSpec, ctx: DeviceContext) -> Callable[[Any, Any, Any], Any]:
     """y -> act(y + bias + residual). One fused pass on the GPU; separate xp ops on the stand-in."""
@@ -132,14 +74,14 @@ def epilogue(spec: KernelSpec, ctx: DeviceContext) -> Callable[[Any, Any, Any], 
         fused = ctx.fused_epilogue(act)
         if fused is not None:
             return fused
-    f = activation(ctx.xp, act[0], act[1]) if act else None
+    f = activation_epilogue(ctx.xp, act, _may_be_half(ctx))
 
     def run(y: Any, bias: Any, residual: Any) -> Any:
         if bias is not None:
             y = y + bias
         if residual is not None:
             y = y + residual
-        return f(y) if f is not None else y
+        return f(y, None) if f is not None else y
 
     return run
 
@@ -158,7 +100,9 @@ def _tap(xp: Any, x: Any, i: int, j: int, strides: list[int], dil: list[int], oh
     return x[:, :, r0 : r0 + (oh - 1) * strides[0] + 1 : strides[0], c0 : c0 + (ow - 1) * strides[1] + 1 : strides[1]]
 
 
-def conv(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device(("Conv", "FusedConv"), DEVICE, own_consts=frozenset({1, 2}))
+def conv(spec: KernelSpec) -> Run:
+    ctx = _ctx(spec)
     """NCHW convolution as GEMMs (cuBLAS via xp.matmul); FusedConv adds bias/residual/activation.
 
     Algorithms for dense k>1 convolutions, chosen per GPU type by tuning: `im2col` gathers all
@@ -214,7 +158,9 @@ def conv(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def pool(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device(("MaxPool", "AveragePool"), DEVICE)
+def pool(spec: KernelSpec) -> Run:
+    ctx = _ctx(spec)
     xp = ctx.xp
     k, is_max, ceil, include_pad = pool_attrs(spec)
 
@@ -234,8 +180,9 @@ def pool(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def global_pool(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device(("GlobalAveragePool", "GlobalMaxPool"), DEVICE)
+def global_pool(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     is_avg = spec.op == "GlobalAveragePool"
 
     def run(x: Any) -> tuple[Any, ...]:
@@ -249,7 +196,9 @@ def global_pool(spec: KernelSpec, ctx: DeviceContext) -> Run:
 
 # --------------------------------------------------------------------- matrix products
 
-def matmul(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device(("MatMul", "FusedMatMul"), DEVICE, own_consts=frozenset({1, 2}))
+def matmul(spec: KernelSpec) -> Run:
+    ctx = _ctx(spec)
     xp = ctx.xp
     b_const = ctx.const(spec, 1)
     bias = ctx.const(spec, 2) if spec.op == "FusedMatMul" and spec.has(2) else None
@@ -266,8 +215,9 @@ def matmul(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def gemm(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device("Gemm", DEVICE)
+def gemm(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     alpha, beta = float(spec.attr("alpha", 1.0)), float(spec.attr("beta", 1.0))
     ta, tb = spec.attr("transA", 0), spec.attr("transB", 0)
 
@@ -284,24 +234,26 @@ def gemm(spec: KernelSpec, ctx: DeviceContext) -> Run:
 
 # --------------------------------------------------------------------- elementwise
 
-def unary(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    f = activation(ctx.xp, spec.op, spec.attrs)
-    return lambda x: (f(x),)
+@register_device(UNARY_OPS, DEVICE)
+def unary(spec: KernelSpec) -> Run:
+    ctx = _ctx(spec)
+    f = bind(ctx.xp, spec.op, spec.attrs, _may_be_half(ctx))
+    return lambda x: (f(x, None),)
 
 
-def clip(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
-    lo = spec.const(1) if spec.has(1) else spec.attr("min")
-    hi = spec.const(2) if spec.has(2) else spec.attr("max")
+@register_device("Dropout", DEVICE)
+def dropout(spec: KernelSpec) -> Run:
+    return lambda x, *_: (x,)
 
-    def run(x: Any, lo_in: Any = None, hi_in: Any = None) -> tuple[Any, ...]:
-        lo_v = lo if lo is not None else lo_in
-        hi_v = hi if hi is not None else hi_in
-        lo_f = -np.inf if lo_v is None else float(np.asarray(lo_v))
-        hi_f = np.inf if hi_v is None else float(np.asarray(hi_v))
-        return (xp.clip(x, lo_f, hi_f).astype(x.dtype, copy=False),)
 
-    return run
+@register_device("Clip", DEVICE)
+def clip(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
+    bounds = clip_bounds(spec)
+    if bounds is None:
+        return lambda x, lo=None, hi=None: (clip_at_run_time(xp, x, lo, hi),)
+    f = bind(xp, "Clip", bounds, may_be_half=False)
+    return lambda x, *_: (f(x, None),)
 
 
 _BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide", "Pow": "power",
@@ -309,8 +261,9 @@ _BINARY = {"Add": "add", "Sub": "subtract", "Mul": "multiply", "Div": "divide", 
            "Greater": "greater", "LessOrEqual": "less_equal", "GreaterOrEqual": "greater_equal"}
 
 
-def binary(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device(tuple(_BINARY), DEVICE)
+def binary(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     f = getattr(xp, _BINARY[spec.op])
     int_div = spec.op == "Div" and spec.dtypes[0] is not None and spec.dtypes[0].kind in "iu"
     if int_div:  # ONNX integer Div truncates toward zero
@@ -320,8 +273,9 @@ def binary(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return lambda a, b: (f(a, b),)
 
 
-def variadic(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device(("Max", "Min", "Sum", "Mean"), DEVICE)
+def variadic(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     f = {"Max": xp.maximum, "Min": xp.minimum, "Sum": xp.add, "Mean": xp.add}[spec.op]
 
     def run(*xs: Any) -> tuple[Any, ...]:
@@ -333,11 +287,15 @@ def variadic(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def where(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    return lambda c, a, b: (ctx.xp.where(c, a, b),)
+@register_device("Where", DEVICE)
+def where(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
+    return lambda c, a, b: (xp.where(c, a, b),)
 
 
-def cast(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Cast", DEVICE)
+def cast(spec: KernelSpec) -> Run:
+    ctx = _ctx(spec)
     from onnx import helper
 
     to = np.dtype(helper.tensor_dtype_to_np_dtype(spec.attr("to")))
@@ -348,8 +306,9 @@ def cast(spec: KernelSpec, ctx: DeviceContext) -> Run:
 
 # --------------------------------------------------------------------- reductions / normalization
 
-def softmax(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device(("Softmax", "LogSoftmax"), DEVICE)
+def softmax(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     axis = spec.attr("axis", -1)
     log = spec.op == "LogSoftmax"
 
@@ -364,8 +323,9 @@ def softmax(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def layer_norm(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device("LayerNormalization", DEVICE)
+def layer_norm(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     axis, eps = spec.attr("axis", -1), float(spec.attr("epsilon", 1e-5))
 
     def run(x: Any, scale: Any, bias: Any = None) -> tuple[Any, ...]:
@@ -382,24 +342,28 @@ def layer_norm(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def batch_norm(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("BatchNormalization", DEVICE)
+def batch_norm(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     eps = float(spec.attr("epsilon", 1e-5))
 
     def run(x: Any, scale: Any, b: Any, mean: Any, var: Any) -> tuple[Any, ...]:
-        s = scale / ctx.xp.sqrt(var + var.dtype.type(eps))
+        s = scale / xp.sqrt(var + var.dtype.type(eps))
         shape = (1, -1) + (1,) * (x.ndim - 2)
         return (x * s.reshape(shape) + (b - mean * s).reshape(shape),)
 
     return run
 
 
-def reduce(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device(("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
+                  "ReduceL2", "ReduceLogSumExp"), DEVICE)
+def reduce(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     keep = bool(spec.attr("keepdims", 1))
     op = spec.op
 
     def run(x: Any, axes_in: Any = None) -> tuple[Any, ...]:
-        axes = _ints(axes_in) if axes_in is not None else spec.attr("axes")
+        axes = ints(axes_in) if axes_in is not None else spec.attr("axes")
         if not axes:
             if spec.attr("noop_with_empty_axes", 0):
                 return (x,)
@@ -429,8 +393,9 @@ def reduce(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def argminmax(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device(("ArgMax", "ArgMin"), DEVICE)
+def argminmax(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     axis, keep, last = spec.attr("axis", 0), bool(spec.attr("keepdims", 1)), spec.attr("select_last_index", 0)
     f = xp.argmax if spec.op == "ArgMax" else xp.argmin
 
@@ -444,11 +409,12 @@ def argminmax(spec: KernelSpec, ctx: DeviceContext) -> Run:
 
 # --------------------------------------------------------------------- shape manipulation
 
-def reshape(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Reshape", DEVICE)
+def reshape(spec: KernelSpec) -> Run:
     allowzero = spec.attr("allowzero", 0)
 
     def run(x: Any, s: Any) -> tuple[Any, ...]:
-        target = _ints(s) or []
+        target = ints(s) or []
         if not allowzero:
             target = [x.shape[i] if d == 0 else d for i, d in enumerate(target)]
         return (x.reshape(target),)
@@ -456,7 +422,8 @@ def reshape(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def flatten(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Flatten", DEVICE)
+def flatten(spec: KernelSpec) -> Run:
     axis = spec.attr("axis", 1)
 
     def run(x: Any) -> tuple[Any, ...]:
@@ -466,16 +433,19 @@ def flatten(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def transpose(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Transpose", DEVICE)
+def transpose(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     perm = spec.attr("perm")
-    return lambda x: (ctx.xp.ascontiguousarray(x.transpose(perm)),)
+    return lambda x: (xp.ascontiguousarray(x.transpose(perm)),)
 
 
-def squeeze(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Squeeze", DEVICE)
+def squeeze(spec: KernelSpec) -> Run:
     attr_axes = spec.attr("axes")
 
     def run(x: Any, axes: Any = None) -> tuple[Any, ...]:
-        ax = _ints(axes) if axes is not None else attr_axes
+        ax = ints(axes) if axes is not None else attr_axes
         if ax is None:
             ax = [i for i, d in enumerate(x.shape) if d == 1]
         return (x.reshape([d for i, d in enumerate(x.shape) if i not in {norm_axis(a, x.ndim) for a in ax}]),)
@@ -483,11 +453,12 @@ def squeeze(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def unsqueeze(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Unsqueeze", DEVICE)
+def unsqueeze(spec: KernelSpec) -> Run:
     attr_axes = spec.attr("axes")
 
     def run(x: Any, axes: Any = None) -> tuple[Any, ...]:
-        ax = _ints(axes) if axes is not None else attr_axes
+        ax = ints(axes) if axes is not None else attr_axes
         rank = x.ndim + len(ax)
         shape = list(x.shape)
         for a in sorted(norm_axis(a, rank) for a in ax):
@@ -497,30 +468,35 @@ def unsqueeze(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def concat(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Concat", DEVICE)
+def concat(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     axis = spec.attr("axis")
-    return lambda *xs: (ctx.xp.concatenate(xs, axis=axis),)
+    return lambda *xs: (xp.concatenate(xs, axis=axis),)
 
 
-def split(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Split", DEVICE)
+def split(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     axis, attr_split, n = spec.attr("axis", 0), spec.attr("split"), spec.n_outputs
 
     def run(x: Any, sizes: Any = None) -> tuple[Any, ...]:
-        parts = _ints(sizes) if sizes is not None else attr_split
+        parts = ints(sizes) if sizes is not None else attr_split
         a = norm_axis(axis, x.ndim)
         if parts is None:
             size = -(-x.shape[a] // n)
             parts = [min(size, x.shape[a] - i * size) for i in range(n)]
-        return tuple(ctx.xp.split(x, np.cumsum(parts)[:-1].tolist(), axis=a))
+        return tuple(xp.split(x, np.cumsum(parts)[:-1].tolist(), axis=a))
 
     return run
 
 
-def slice_(spec: KernelSpec, ctx: DeviceContext) -> Run:
+@register_device("Slice", DEVICE)
+def slice_(spec: KernelSpec) -> Run:
     def run(x: Any, starts: Any, ends: Any, axes: Any = None, steps: Any = None) -> tuple[Any, ...]:
-        st, en = _ints(starts) or [], _ints(ends) or []
-        ax = _ints(axes) if axes is not None else list(range(len(st)))
-        sp = _ints(steps) if steps is not None else [1] * len(st)
+        st, en = ints(starts) or [], ints(ends) or []
+        ax = ints(axes) if axes is not None else list(range(len(st)))
+        sp = ints(steps) if steps is not None else [1] * len(st)
         index = [slice(None)] * x.ndim
         for s, e, a, k in zip(st, en, ax or [], sp or []):
             index[norm_axis(a, x.ndim)] = slice(s, e, k)
@@ -529,8 +505,9 @@ def slice_(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def gather(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device("Gather", DEVICE)
+def gather(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     axis = spec.attr("axis", 0)
 
     def run(x: Any, idx: Any) -> tuple[Any, ...]:
@@ -542,16 +519,17 @@ def gather(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def pad(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
+@register_device("Pad", DEVICE)
+def pad(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
     mode = spec.attr("mode", "constant")
 
     def run(x: Any, pads: Any = None, value: Any = None, axes: Any = None) -> tuple[Any, ...]:
-        p = _ints(pads) if pads is not None else spec.attr("pads")
-        ax = _ints(axes) if axes is not None else list(range(x.ndim))
+        p = ints(pads) if pads is not None else spec.attr("pads")
+        ax = ints(axes) if axes is not None else list(range(x.ndim))
         width = [(0, 0)] * x.ndim
         for j, a in enumerate(ax or []):
-            width[norm_axis(a, x.ndim)] = (p[j], p[j + len(ax)])  # type: ignore[index]
+            width[norm_axis(a, x.ndim)] = (p[j], p[j + len(ax)])
         if any(lo < 0 or hi < 0 for lo, hi in width):
             x = x[tuple(slice(max(0, -lo), x.shape[i] - max(0, -hi)) for i, (lo, hi) in enumerate(width))]
             width = [(max(0, lo), max(0, hi)) for lo, hi in width]
@@ -563,32 +541,13 @@ def pad(spec: KernelSpec, ctx: DeviceContext) -> Run:
     return run
 
 
-def expand(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    xp = ctx.xp
-    return lambda x, s: (xp.ascontiguousarray(xp.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(_ints(s) or [])))),)
+@register_device("Expand", DEVICE)
+def expand(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
+    return lambda x, s: (xp.ascontiguousarray(xp.broadcast_to(x, np.broadcast_shapes(x.shape, tuple(ints(s) or [])))),)
 
 
-def tile(spec: KernelSpec, ctx: DeviceContext) -> Run:
-    return lambda x, reps: (ctx.xp.tile(x, _ints(reps)),)
-
-
-def table() -> dict[str, Factory]:
-    """op -> device kernel factory; ops not here run as host kernels (see cuda.DevicePlan)."""
-    t: dict[str, Factory] = {}
-    for ops, f in (
-        (("Conv", "FusedConv"), conv), (("MaxPool", "AveragePool"), pool),
-        (("GlobalAveragePool", "GlobalMaxPool"), global_pool), (("MatMul", "FusedMatMul"), matmul),
-        (("Gemm",), gemm), (UNARY_OPS + ["Dropout"], unary), (("Clip",), clip), (tuple(_BINARY), binary),
-        (("Max", "Min", "Sum", "Mean"), variadic), (("Where",), where), (("Cast",), cast),
-        (("Softmax", "LogSoftmax"), softmax), (("LayerNormalization",), layer_norm),
-        (("BatchNormalization",), batch_norm),
-        (("ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "ReduceSumSquare", "ReduceL1",
-          "ReduceL2", "ReduceLogSumExp"), reduce),
-        (("ArgMax", "ArgMin"), argminmax), (("Reshape",), reshape), (("Flatten",), flatten),
-        (("Transpose",), transpose), (("Squeeze",), squeeze), (("Unsqueeze",), unsqueeze),
-        (("Concat",), concat), (("Split",), split), (("Slice",), slice_), (("Gather",), gather),
-        (("Pad",), pad), (("Expand",), expand), (("Tile",), tile),
-    ):
-        for op in ops:
-            t[op] = f
-    return t
+@register_device("Tile", DEVICE)
+def tile(spec: KernelSpec) -> Run:
+    xp = _ctx(spec).xp
+    return lambda x, reps: (xp.tile(x, ints(reps)),)
