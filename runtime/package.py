@@ -172,7 +172,7 @@ def save_golden(path: str | os.PathLike[str], batches: dict[int, tuple[dict[str,
         arrays.update({golden_key(batch, "input", k): v for k, v in ins.items()})
         arrays.update({golden_key(batch, "output", k): v for k, v in outs.items()})
     with open(path, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, allow_pickle=False, **arrays)
 
 
 def load_golden(package_dir: str | os.PathLike[str], manifest: Manifest | None = None) -> dict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]:
