@@ -1,8 +1,8 @@
 """Allocator settings for the host runtime's activation buffers.
 
 Every kernel returns fresh NumPy arrays; glibc serves arrays above its mmap threshold with new
-mappings and unmaps them on free, so each large activation costs a page fault per 4 KiB page on
-every request (about 10% of ResNet50's batch-1 time here). Raising the threshold and the trim
+mappings and unmaps them on free, so each large activation costs a page fault per page on every
+request, a visible share of a large model's batch-1 latency. Raising the threshold and the trim
 threshold keeps freed activation memory in the heap for the next request to reuse: the process
 keeps its peak working set, as an arena would. Set KUBETRT_MALLOC_TUNING=0 to leave glibc alone.
 """
