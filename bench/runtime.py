@@ -1,6 +1,10 @@
 """Host runtime vs TensorFlow (SavedModel signature) vs onnxruntime (CPU), side by side.
 
-    python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50] [--seconds 3]
+    python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50] [--seconds 3] [--baseline DIR]
+
+`--baseline DIR` adds another checkout of kubetrt (e.g. `git worktree add DIR main`) as one more
+engine, `baseline`, taking turns with the others in the same run: a change's before and after,
+side by side under the same noise.
 
 Each (engine, model, batch) cell runs in its own subprocess, so one engine's thread pools (TF's
 inter-op threads, onnxruntime's spinning workers) never slow another's measurement. Engines are
@@ -25,6 +29,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ("kubetrt", "tensorflow", "onnxruntime")
+BASELINE = "baseline"
 MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50")
 
 
@@ -40,7 +45,7 @@ def feeds_for(package: Path, batch: int) -> dict[str, np.ndarray]:
 
 
 def runner(engine: str, package: Path, savedmodel: Path) -> Callable[[dict[str, np.ndarray]], Any]:
-    if engine == "kubetrt":
+    if engine in ("kubetrt", BASELINE):  # the baseline's process imports kubetrt from its checkout
         from kubetrt.runtime import load_model
 
         return load_model(package).predict
@@ -72,16 +77,15 @@ def time_calls(run: Callable[[Any], Any], feeds: Any, seconds: float, min_reps: 
     return times
 
 
-def worker(engine: str, model: str, batch: int, seconds: float) -> dict[str, Any]:
-    sys.path.insert(0, str(HERE))
-    from _zoo import zoo
-
-    z = zoo()
-    package, savedmodel = z.package(model), z.savedmodel(model)
+def worker(engine: str, model: str, batch: int, seconds: float, package: Path, savedmodel: Path) -> dict[str, Any]:
+    if engine == BASELINE:
+        sys.path.insert(0, str(HERE))
+        import _bootstrap  # noqa: F401  (reads KUBETRT_BENCH_CHECKOUT before kubetrt is imported)
     run = runner(engine, package, savedmodel)
     times = time_calls(run, feeds_for(package, batch), seconds, min_reps=5 if batch > 1 else 20)
     med = statistics.median(times)
-    return {"engine": engine, "model": model, "batch": batch, "median_s": med, "reps": len(times), "items_per_s": batch / med}
+    source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
+    return {"source": source, "engine": engine, "model": model, "batch": batch, "median_s": med, "reps": len(times), "items_per_s": batch / med}
 
 
 def matmul_peak() -> float:
@@ -119,8 +123,10 @@ def model_flops(package: Path) -> float:
     return total
 
 
-def spawn(args: list[str]) -> dict[str, Any]:
+def spawn(args: list[str], checkout: Path | None = None) -> dict[str, Any]:
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    if checkout is not None:
+        env["KUBETRT_BENCH_CHECKOUT"] = str(checkout)
     proc = subprocess.run([sys.executable, str(Path(__file__)), *args], capture_output=True, text=True, env=env)
     if proc.returncode != 0:
         raise RuntimeError(f"bench worker {args} failed:\n{proc.stderr[-2000:]}")
@@ -133,11 +139,13 @@ def main() -> int:
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
     p.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell, split over the rounds")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell; the median round is reported")
-    p.add_argument("--worker", nargs=3, metavar=("ENGINE", "MODEL", "BATCH"), help=argparse.SUPPRESS)
+    p.add_argument("--baseline", type=Path, metavar="DIR", help="another kubetrt checkout, measured as engine 'baseline'")
+    p.add_argument("--worker", nargs=5, metavar=("ENGINE", "MODEL", "BATCH", "PACKAGE", "SAVEDMODEL"), help=argparse.SUPPRESS)
     p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.worker:
-        print(json.dumps(worker(a.worker[0], a.worker[1], int(a.worker[2]), a.seconds)))
+        engine, model, batch, package, savedmodel = a.worker
+        print(json.dumps(worker(engine, model, int(batch), a.seconds, Path(package), Path(savedmodel))))
         return 0
     if a.peak:
         print(json.dumps({"gflops": matmul_peak()}))
@@ -147,46 +155,56 @@ def main() -> int:
     from _zoo import zoo
 
     z = zoo()
+    paths: dict[str, tuple[Path, Path]] = {}
     for m in a.models:  # build/cache outside the timed workers
         _progress(f"preparing {m}")
-        z.package(m)
+        paths[m] = (z.package(m), z.savedmodel(m))
+    engines = list(a.engines)
+    if a.baseline is not None:
+        if not (a.baseline / "pyproject.toml").is_file():
+            p.error(f"--baseline {a.baseline}: not a kubetrt checkout (no pyproject.toml)")
+        engines.append(BASELINE)
     _progress("measuring fp32 matmul peak")
     peak = spawn(["--peak"])["gflops"]
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     for m in a.models:
         for batch in (1, 32):
-            rounds: dict[str, list[dict[str, Any]]] = {e: [] for e in a.engines}
+            rounds: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
             for r in range(a.rounds):  # engines interleaved, so a noisy spell hits all of them
-                for e in a.engines:
+                for e in engines:
                     _progress(f"{m} batch {batch} {e} (round {r + 1}/{a.rounds})")
-                    rounds[e].append(spawn(["--worker", e, m, str(batch), "--seconds", str(a.seconds / a.rounds)]))
+                    args = ["--worker", e, m, str(batch), *map(str, paths[m]), "--seconds", str(a.seconds / a.rounds)]
+                    rounds[e].append(spawn(args, a.baseline if e == BASELINE else None))
             for e, cells in rounds.items():
                 results[(e, m, batch)] = sorted(cells, key=lambda c: c["median_s"])[len(cells) // 2]
 
     from kubetrt.runtime.kernels import blas, onednn
 
     print(f"\nfp32 matmul peak (NumPy sgemm 4096^3, {os.cpu_count()} cores): {peak:.1f} GFLOP/s")
+    if a.baseline is not None:
+        sources = {e: results[(e, a.models[0], 1)]["source"] for e in ("kubetrt", BASELINE) if e in engines}
+        print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
     print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}\n")
-    head = f"{'model':<14}{'batch':>6}" + "".join(f"{e:>14}" for e in a.engines)
-    if "kubetrt" in a.engines:
-        head += "".join(f"{'vs ' + e:>16}" for e in a.engines if e != "kubetrt")
+    head = f"{'model':<14}{'batch':>6}" + "".join(f"{e:>14}" for e in engines)
+    if "kubetrt" in engines:
+        head += "".join(f"{'vs ' + e:>16}" for e in engines if e != "kubetrt")
     print(head)
     print("-" * len(head))
     for m in a.models:
         for batch in (1, 32):
             row = f"{m:<14}{batch:>6}"
-            cells = {e: results[(e, m, batch)] for e in a.engines}
-            for e in a.engines:
+            cells = {e: results[(e, m, batch)] for e in engines}
+            for e in engines:
                 r = cells[e]
                 row += f"{r['median_s'] * 1e3:>11.2f} ms" if batch == 1 else f"{r['items_per_s']:>10.1f} i/s"
             if "kubetrt" in cells:
-                for e in a.engines:
+                for e in engines:
                     if e != "kubetrt":
                         ratio = cells[e]["median_s"] / cells["kubetrt"]["median_s"]
                         row += f"{ratio:>15.2f}x"
             print(row)
     print("\nratios: >1 means kubetrt is faster (batch 1: latency ratio; batch 32: throughput ratio)")
-    if "resnet50" in a.models and "kubetrt" in a.engines:
+    if "resnet50" in a.models and "kubetrt" in engines:
         flops = model_flops(z.package("resnet50"))
         rate = flops * results[("kubetrt", "resnet50", 32)]["items_per_s"] / 1e9
         print(f"resnet50 batch 32 on kubetrt: {flops / 1e9:.2f} GFLOP/image -> {rate:.1f} GFLOP/s = {100 * rate / peak:.0f}% of the matmul peak")
