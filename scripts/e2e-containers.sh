@@ -107,8 +107,10 @@ fi
 # which would otherwise defeat the layer cache on every run).
 ctx="$WORK/context"
 rm -rf "$ctx" && mkdir -p "$ctx"
+# What to copy is read from the Dockerfiles' own COPY lines, so a new package folder needs no edit here.
+mapfile -t copied < <(sed -n 's/^COPY \([^ ]*\) .*/\1/p' "$REPO"/docker/*.Dockerfile | sort -u)
 tar -C "$REPO" --exclude=__pycache__ --exclude='*.pyc' --exclude='*.egg-info' \
-  -c pyproject.toml README.md docker kubetrt runtime serving pipeline operators | tar -C "$ctx" -x
+  -c docker "${copied[@]}" | tar -C "$ctx" -x
 
 # pip inside the build reaches the package index the way pip on this machine does: with its CA
 # bundle, /etc/pip.conf and its PIP_* environment, written as a user-level pip.conf (which overrides
