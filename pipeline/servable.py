@@ -64,7 +64,7 @@ class Servable:
     @property
     def engine(self) -> dict[str, Any]:
         """The engine's manifest entry (backend, target, verification summary); {} without one."""
-        return next((e for e in self.manifest.engines if e.get("key") == self.engine_key), {})
+        return self.manifest.engine_entry(self.engine_key) or {}
 
 
 def resolve_servable(source: ServableSource, cache_dir: str | Path | None = None) -> Servable:
@@ -176,7 +176,7 @@ def _complete(dest: Path, key: str | None) -> Manifest | None:
     except PackageError as e:
         log(logger, logging.WARNING, "cached servable is corrupt; fetching again", path=str(dest), reason=str(e))
         return None
-    return manifest if key is None or any(e.get("key") == key for e in manifest.engines) else None
+    return manifest if key is None or manifest.engine_entry(key) is not None else None
 
 
 @contextlib.contextmanager

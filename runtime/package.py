@@ -57,6 +57,10 @@ class Manifest:
     engines: list[dict[str, Any]] = field(default_factory=list)  # {key, path, backend, ...}
     schema_version: int = SCHEMA_VERSION
 
+    def engine_entry(self, key: str | None) -> dict[str, Any] | None:
+        """The entry listing engine `key` (backend, target, recorded tolerance...), None if absent."""
+        return next((e for e in self.engines if e.get("key") == key), None) if key else None
+
     def to_json(self) -> dict[str, Any]:
         return {
             "schema_version": self.schema_version,

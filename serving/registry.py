@@ -79,10 +79,9 @@ def golden_tolerance(model: ModelLike, device: str) -> Tolerance:
     """The tolerance the model's engine was verified at, as its report recorded it (carried in the
     manifest's engine entry); the table's for its precision and device class only when no
     verified engine says otherwise (a host model compiled straight from model.onnx)."""
-    key = getattr(model, "engine_key", None)
-    engines = getattr(getattr(model, "manifest", None), "engines", None) or []
-    entry: dict[str, Any] = next((e for e in engines if e.get("key") == key), {}) if key else {}
-    recorded = entry.get("tolerance")
+    manifest: Manifest | None = getattr(model, "manifest", None)
+    entry = manifest.engine_entry(getattr(model, "engine_key", None)) if manifest is not None else None
+    recorded = entry.get("tolerance") if entry is not None else None
     if recorded is not None:
         return Tolerance.from_json(recorded)
     return tolerance_for(_precision(model), device_class(device))
