@@ -27,10 +27,10 @@ from ..partition import (
     Segment,
     SegmentRunner,
     export_segment,
-    graph_to_onnx,
     partition,
     segment_graph,
 )
+from ..onnx_export import graph_to_onnx
 from ..target import BatchProfile, Target
 from . import NodeIdentity
 

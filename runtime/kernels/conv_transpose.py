@@ -1,0 +1,2 @@
+"""Transposed convolution."""
+from __future__ import annotations

@@ -1,0 +1,2 @@
+"""Per-instance and per-group normalization."""
+from __future__ import annotations

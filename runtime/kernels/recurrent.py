@@ -1,0 +1,2 @@
+"""Recurrent layers (RNN, GRU, LSTM) as whole-sequence kernels."""
+from __future__ import annotations

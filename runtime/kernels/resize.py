@@ -1,0 +1,2 @@
+"""Resizing and depth/space rearrangement of images."""
+from __future__ import annotations
