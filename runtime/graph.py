@@ -6,6 +6,10 @@ from typing import Any
 
 import numpy as np
 
+# Attribute key for how many trailing operands of a node with sub-graphs are outer-scope captures.
+# ONNX attribute names are C identifiers, so the colon keeps it from ever meeting a real one.
+CAPTURES = "kubetrt:captures"
+
 
 @dataclass
 class Node:
@@ -18,6 +22,16 @@ class Node:
 
     def __repr__(self) -> str:
         return f"{self.op}({self.name})"
+
+    def subgraphs(self) -> dict[str, "Graph"]:
+        """GRAPH attributes (If's branches, Loop's and Scan's body) by attribute name."""
+        return {k: v for k, v in self.attrs.items() if isinstance(v, Graph)}
+
+    @property
+    def captures(self) -> int:
+        """Trailing operands that are outer values the sub-graphs read (each sub-graph takes
+        them, in this order, as its last inputs)."""
+        return int(self.attrs.get(CAPTURES, 0))
 
 
 @dataclass

@@ -2,13 +2,14 @@
 ONNX model (TensorRT's parser, onnxruntime and segment graphs read it)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Sequence
 
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph import Graph, Node
+from .graph import CAPTURES, Graph, Node
 
 
 def _attribute(key: str, value: Any) -> onnx.AttributeProto | None:
@@ -22,10 +23,69 @@ def _attribute(key: str, value: Any) -> onnx.AttributeProto | None:
 def _node_proto(n: Node) -> onnx.NodeProto:
     if "activation" in n.attrs or n.op.startswith("Fused"):
         raise ValueError(f"node {n.name} ({n.op}) is a fused runtime node: partition the graph before optimizing it")
-    attrs = [a for a in (_attribute(k, v) for k, v in n.attrs.items()) if a is not None]
-    proto = helper.make_node(n.op, n.inputs, n.outputs, name=n.name, domain=n.domain or None)
+    own = len(n.inputs) - n.captures
+    outer = n.inputs[own:]
+    attrs = []
+    for key, value in n.attrs.items():
+        if key == CAPTURES:
+            continue
+        if isinstance(value, Graph):
+            attrs.append(helper.make_attribute(key, _subgraph_proto(value, outer, f"{n.name}_{key}")))
+        elif (a := _attribute(key, value)) is not None:
+            attrs.append(a)
+    proto = helper.make_node(n.op, n.inputs[:own], n.outputs, name=n.name, domain=n.domain or None)
     proto.attribute.extend(attrs)
     return proto
+
+
+def _subgraph_proto(sub: Graph, outer: Sequence[str], name: str) -> onnx.GraphProto:
+    """A sub-graph as ONNX wants it: its capture inputs dropped and read by their outer names."""
+    own = sub.inputs[:len(sub.inputs) - len(outer)]
+    formals = [f.name for f in sub.inputs[len(own):]]
+    rename = {f: o for f, o in zip(formals, outer) if f != o}
+    defined = {v.name for v in own} | set(sub.constants) | {o for n in sub.nodes for o in n.outputs if o}
+    taken = defined | set(formals) | set(outer)
+
+    def fresh(base: str) -> str:
+        new, k = base, 0
+        while new in taken:
+            k += 1
+            new = f"{base}__{k}"
+        taken.add(new)
+        return new
+
+    for inner in sorted(defined & set(rename.values())):  # an inner value shadowing an outer name
+        rename[inner] = fresh(inner)
+
+    def r(x: str) -> str:
+        return rename.get(x, x)
+
+    nodes = [_node_proto(replace(n, inputs=[r(x) for x in n.inputs], outputs=[r(x) for x in n.outputs]))
+             for n in sub.nodes]
+    outputs = []
+    for v in sub.outputs:
+        exported = r(v.name)
+        if v.name in formals:  # onnxruntime refuses an outer value as a sub-graph output: copy it in
+            exported = fresh(f"{v.name}__out")
+            nodes.append(helper.make_node("Identity", [r(v.name)], [exported], name=f"{name}_{exported}"))
+        outputs.append(_sub_value_info(sub, v.name, exported))
+    used = {x for n in sub.nodes for x in n.inputs} | {o.name for o in sub.outputs}
+    return helper.make_graph(
+        nodes, name, [_sub_value_info(sub, v.name, r(v.name)) for v in own], outputs,
+        initializer=[numpy_helper.from_array(np.asarray(c), r(k)) for k, c in sub.constants.items() if k in used],
+    )
+
+
+def _sub_value_info(sub: Graph, name: str, exported: str) -> onnx.ValueInfoProto:
+    """Declared type of a sub-graph input or output, else the inferred one; dims as known."""
+    declared = next((v for v in sub.inputs + sub.outputs if v.name == name), None)
+    inferred = sub.values.get(name)
+    dtype = declared.dtype if declared is not None and declared.dtype is not None else inferred.dtype if inferred else None
+    shape = declared.shape if declared is not None and declared.shape is not None else inferred.shape if inferred else None
+    if dtype is None:
+        return helper.make_empty_tensor_value_info(exported)
+    dims = None if shape is None else [d if d >= 0 else None for d in shape]
+    return helper.make_tensor_value_info(exported, helper.np_dtype_to_tensor_dtype(np.dtype(dtype)), dims)
 
 
 def _value_info(name: str, dtype: np.dtype | None, shape: tuple[int, ...] | None, batch_dim: bool = True) -> onnx.ValueInfoProto:

@@ -3,14 +3,14 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
 from .errors import InputError, RuntimeModelError
-from .graph import Graph, Node, ValueInfo
+from .graph import CAPTURES, Graph, Node, ValueInfo
 from .package import MODEL_ONNX, Manifest
 
 
@@ -34,28 +34,68 @@ def _value_info(vi: onnx.ValueInfoProto) -> ValueInfo:
     return ValueInfo(vi.name, dtype, shape)
 
 
-def from_proto(model: onnx.ModelProto) -> Graph:
-    g = model.graph
-    constants = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+def _nodes(protos: Sequence[onnx.NodeProto], opset: int) -> list[Node]:
     nodes: list[Node] = []
-    for i, n in enumerate(g.node):
+    for i, n in enumerate(protos):
         if n.domain not in ("", "ai.onnx"):
             raise RuntimeModelError(
                 f"node {n.name or i} ({n.domain}:{n.op_type}): custom op domains are not supported; "
                 "expected standard ONNX (ai.onnx) ops"
             )
-        nodes.append(
-            Node(
-                op=n.op_type,
-                name=n.name or f"{n.op_type}_{i}",
-                inputs=list(n.input),
-                outputs=list(n.output),
-                attrs={a.name: _attr_value(a) for a in n.attribute},
-            )
-        )
+        node = Node(op=n.op_type, name=n.name or f"{n.op_type}_{i}", inputs=list(n.input), outputs=list(n.output))
+        if n.op_type == "Scan" and opset < 9:
+            raise RuntimeModelError(f"node {node.name} (Scan): opset {opset} Scan (batch axis, sequence_lens) is not "
+                                    "supported; supported: Scan from opset 9 on")
+        subgraphs: dict[str, tuple[Graph, list[str]]] = {}
+        for a in n.attribute:
+            if a.type == onnx.AttributeProto.GRAPH:
+                subgraphs[a.name] = _subgraph(a.g, opset)
+            elif a.type == onnx.AttributeProto.GRAPHS:
+                raise RuntimeModelError(f"node {node.name} ({n.op_type}): attribute {a.name} is a list of graphs; "
+                                        "only single sub-graphs (If, Loop, Scan) are supported")
+            else:
+                node.attrs[a.name] = _attr_value(a)
+        if subgraphs:
+            _capture(node, subgraphs)
+        nodes.append(node)
+    return nodes
+
+
+def _subgraph(g: onnx.GraphProto, opset: int) -> tuple[Graph, list[str]]:
+    """A GRAPH attribute as a Graph, and the outer-scope names it reads (first-use order)."""
+    constants = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    nodes = _nodes(g.node, opset)
     inputs = [_value_info(v) for v in g.input if v.name not in constants]
     outputs = [_value_info(v) for v in g.output]
+    defined = {v.name for v in inputs} | set(constants) | {o for n in nodes for o in n.outputs if o}
+    free: list[str] = []
+    for x in [i for n in nodes for i in n.inputs] + [o.name for o in outputs]:
+        if x and x not in defined and x not in free:
+            free.append(x)
+    return Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, opset=opset), free
+
+
+def _capture(node: Node, subgraphs: dict[str, tuple[Graph, list[str]]]) -> None:
+    """Outer values the sub-graphs read become the node's trailing operands and every sub-graph's
+    trailing inputs, so passes and executors see the dependency as an ordinary operand."""
+    names: list[str] = []
+    for _, free in subgraphs.values():
+        names.extend(x for x in free if x not in names)
+    for key, (sub, _) in subgraphs.items():
+        sub.inputs.extend(ValueInfo(x) for x in names)
+        node.attrs[key] = sub
+    if names:
+        node.inputs.extend(names)
+        node.attrs[CAPTURES] = len(names)
+
+
+def from_proto(model: onnx.ModelProto) -> Graph:
+    g = model.graph
     opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 17)
+    constants = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    nodes = _nodes(g.node, opset)
+    inputs = [_value_info(v) for v in g.input if v.name not in constants]
+    outputs = [_value_info(v) for v in g.output]
     return Graph(nodes=nodes, inputs=inputs, outputs=outputs, constants=constants, opset=opset)
 
 

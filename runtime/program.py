@@ -7,13 +7,13 @@ from liveness, when each value is freed and which kernels may overwrite a dying 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from .errors import UnsupportedOpError
-from .graph import Graph
-from .kernels.registry import Run, lookup
+from .graph import CAPTURES, Graph, Node
+from .kernels.registry import Run, Shape, lookup
 from .passes import optimize
 from .passes.shape_inference import spec_for
 
@@ -63,6 +63,7 @@ class Program:
     outputs: list[int]
     device: str = "host"
     stats: dict[str, Any] = field(default_factory=dict)
+    alias_root: dict[int, int] = field(default_factory=dict)  # kernel output -> value whose memory it may share
 
     def value(self, name: str) -> Value:
         return next(v for v in self.values if v.name == name)
@@ -73,16 +74,52 @@ class Program:
             ops[k.op] = ops.get(k.op, 0) + 1
         return ", ".join(f"{op}x{n}" for op, n in sorted(ops.items(), key=lambda kv: -kv[1]))
 
+    def borrowed_outputs(self) -> tuple[bool, ...]:
+        """Per output: may it be memory the program does not own for its caller (an input, a
+        constant, or the same memory as an earlier output)? A caller that hands it on must copy it."""
+        seen: set[int] = set()
+        borrowed = []
+        for vid in self.outputs:
+            root = self.alias_root.get(vid, vid)
+            borrowed.append(root in self.inputs or self.values[root].const is not None or root in seen)
+            seen.add(root)
+        return tuple(borrowed)
 
-def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concurrent: bool = False, layout: bool = True) -> Program:
+
+class Plan(Protocol):
+    """An executor of a compiled Program (executor.SequentialPlan)."""
+
+    def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]: ...
+
+
+# Builds the executor a sub-graph runs on. A parameter, not an import: executor.py imports this
+# module, so the device runtime (which imports both) hands its SequentialPlan in.
+Planner = Callable[[Program], Plan]
+
+
+@dataclass
+class CompiledSubgraph:
+    """A GRAPH attribute lowered once; control-flow kernels call `run` per branch taken or iteration."""
+
+    run: Callable[[list[np.ndarray]], list[np.ndarray]]
+    inputs: list[tuple[Shape, np.dtype | None]]
+    outputs: list[tuple[Shape, np.dtype | None]]
+    borrowed: tuple[bool, ...]  # outputs a kernel must copy before returning them (Program.borrowed_outputs)
+
+
+def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concurrent: bool = False, layout: bool = True,
+                  subgraph_plan: Planner | None = None) -> Program:
     """Optimize `graph` and lower it to a Program of kernels for `device`.
 
     `concurrent=True` plans memory for the dataflow executor, where "last in program order" is
     not "last to run": a kernel may then overwrite only operands nobody else reads.
+    Sub-graphs (If, Loop, Scan) are optimized and lowered the same way, once, and run on the
+    executor `subgraph_plan` builds; a graph with sub-graphs needs it.
     """
     nodes_before = len(graph.nodes)
     _check_supported(graph, device)
     optimize(graph, fusion=fusion, layout=layout)
+    _inline_constant_captures(graph)
 
     ids: dict[str, int] = {}
     values: list[Value] = []
@@ -133,9 +170,12 @@ def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concu
     node_by_name = {n.name: n for n in graph.nodes}
     for k in kernels:
         node = node_by_name[k.name]
-        k.run = lookup(k.op, device, node=k.name).factory(spec_for(graph, node, inplace=k.inplace))
+        spec = spec_for(graph, node, inplace=k.inplace)
+        spec.subgraphs = {key: _compile_subgraph(node, key, sub, device, fusion, layout, subgraph_plan)
+                          for key, sub in node.subgraphs().items()}
+        k.run = lookup(k.op, device, node=k.name).factory(spec)
 
-    prog = Program(values, kernels, [ids[i.name] for i in graph.inputs], outputs, device=device)
+    prog = Program(values, kernels, [ids[i.name] for i in graph.inputs], outputs, device=device, alias_root=alias_root)
     prog.stats = {"nodes_in": nodes_before, "kernels": len(kernels), "constants": len(graph.constants),
                   "inplace_kernels": sum(1 for k in kernels if k.inplace)}
     return prog
@@ -148,6 +188,40 @@ def _noop(*_: Any) -> tuple[np.ndarray, ...]:
 def _check_supported(graph: Graph, device: str) -> None:
     for node in graph.nodes:
         lookup(node.op, device, node=node.name)  # raises UnsupportedOpError naming op, node and the supported list
+        for sub in node.subgraphs().values():
+            _check_supported(sub, device)
+
+
+def _compile_subgraph(node: Node, key: str, sub: Graph, device: str, fusion: bool, layout: bool,
+                      planner: Planner | None) -> CompiledSubgraph:
+    if planner is None:
+        raise UnsupportedOpError(f"node {node.name} ({node.op}): sub-graph {key} needs an executor to run on; "
+                                 "compile through a device runtime (compile_graph(..., subgraph_plan=...))")
+    prog = compile_graph(sub, device, fusion=fusion, layout=layout, subgraph_plan=planner)
+
+    def types(names: list[str]) -> list[tuple[Shape, np.dtype | None]]:
+        return [(v.shape, v.dtype) if (v := sub.values.get(n)) is not None else (None, None) for n in names]
+
+    return CompiledSubgraph(planner(prog).run, types([v.name for v in sub.inputs]), types([v.name for v in sub.outputs]),
+                            prog.borrowed_outputs())
+
+
+def _inline_constant_captures(graph: Graph) -> None:
+    """Captured outer constants become constants of the sub-graphs (which can then fold and fuse
+    them, as weights of a loop body) instead of operands passed on every run."""
+    for node in graph.nodes:
+        k, subs = node.captures, node.subgraphs()
+        own = len(node.inputs) - k
+        consts = {j for j, x in enumerate(node.inputs[own:]) if x in graph.constants}
+        if not consts:
+            continue
+        for sub in subs.values():
+            base = len(sub.inputs) - k
+            for j in consts:
+                sub.constants[sub.inputs[base + j].name] = graph.constants[node.inputs[own + j]]
+            sub.inputs = sub.inputs[:base] + [v for j, v in enumerate(sub.inputs[base:]) if j not in consts]
+        node.inputs = node.inputs[:own] + [x for j, x in enumerate(node.inputs[own:]) if j not in consts]
+        node.attrs = {**node.attrs, CAPTURES: k - len(consts)}
 
 
 def _plan_memory(kernels: list[Kernel], values: list[Value], alias_root: dict[int, int], inputs: set[int], outputs: set[int], concurrent: bool) -> None:

@@ -27,6 +27,7 @@ import numpy as np
 
 from ..accuracy import compare, device_class, tolerance_for
 from ..errors import DeviceUnavailableError, KernelError, UnsupportedOpError
+from ..executor import SequentialPlan
 from ..graph import Graph
 from ..kernels import cuda as ck
 from ..kernels.activations import cuda_expr
@@ -90,7 +91,8 @@ class DevicePlan:
     def __init__(self, graph: Graph, ctx: ck.DeviceContext, to_host: Callable[[Any], np.ndarray]) -> None:
         self.ctx = ctx
         self.to_host = to_host
-        prog = compile_graph(graph, "host", layout=False)  # device kernels are NCHW: cuBLAS over channels-first
+        # device kernels are NCHW: cuBLAS over channels-first; sub-graphs (If, Loop, Scan) run as host fallback steps
+        prog = compile_graph(graph, "host", layout=False, subgraph_plan=SequentialPlan)
         self.prog = prog
         node_by_name = {n.name: n for n in graph.nodes}
         on_host = [v.const is not None for v in prog.values]

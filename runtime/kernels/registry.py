@@ -40,6 +40,7 @@ class KernelSpec:
     inplace: frozenset[int] = frozenset()  # operand indices the kernel may overwrite
     present: list[bool] = field(default_factory=list)  # False for omitted optional inputs
     ctx: Any = None  # the device's context for its kernels (cuda: kernels.cuda.DeviceContext); None on the host
+    subgraphs: dict[str, Any] = field(default_factory=dict)  # GRAPH attributes compiled by the program compiler (control flow)
 
     def attr(self, key: str, default: Any = None) -> Any:
         return self.attrs.get(key, default)

@@ -26,7 +26,7 @@ def _static_shape(graph: Graph, name: str) -> tuple[int, ...] | None:
 def fold_constants(graph: Graph) -> Graph:
     kept = []
     for node in graph.nodes:
-        if node.op in NONDETERMINISTIC:
+        if node.op in NONDETERMINISTIC or node.subgraphs():  # control flow runs only with compiled sub-graphs
             kept.append(node)
             continue
         if node.op == "Shape":

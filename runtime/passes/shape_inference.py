@@ -37,6 +37,8 @@ def infer_shapes(graph: Graph) -> Graph:
         vals[name] = ValueInfo(name, c.dtype, tuple(c.shape))
     graph.values = vals
     for node in graph.nodes:
+        for sub in node.subgraphs().values():
+            _infer_subgraph(graph, node, sub)
         try:
             results = lookup(node.op, node=node.name).shape_fn(spec_for(graph, node))
         except Exception:
@@ -45,3 +47,15 @@ def infer_shapes(graph: Graph) -> Graph:
             if out:
                 vals[out] = ValueInfo(out, None if dtype is None else np.dtype(dtype), None if shape is None else tuple(int(d) for d in shape))
     return graph
+
+
+def _infer_subgraph(graph: Graph, node: Node, sub: Graph) -> None:
+    """A sub-graph's capture inputs are the outer values themselves: they take the outer types,
+    then the sub-graph is inferred so the node's shape function can read its outputs."""
+    k = node.captures
+    if k:
+        for formal, outer in zip(sub.inputs[len(sub.inputs) - k:], node.inputs[len(node.inputs) - k:]):
+            info = graph.values.get(outer)
+            if info is not None and info.dtype is not None:
+                formal.dtype, formal.shape = info.dtype, info.shape
+    infer_shapes(sub)
