@@ -40,6 +40,7 @@ logger = logging.getLogger("kubetrt.pipeline.lower")
 DEFAULT_OPSET = 17
 MIN_OPSET = 13  # below 13 tf2onnx falls back to different op forms that the runtime does not target
 GOLDEN_BATCH_SIZES: tuple[int, ...] = (1, 4)
+FALLBACK_RUNTIMES = ("onnxruntime",)  # runtimes a lowering may accept for nodes without a kernel
 # Random integer inputs are drawn from [0, INT_HIGH): valid ids/indices for any table of >= 10 rows.
 INT_HIGH = 10
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -66,13 +67,15 @@ def lower(
     seed: int = 0,
     opset: int = DEFAULT_OPSET,
     shapes: Shapes | None = None,
+    allow_fallback: Sequence[str] = (),
 ) -> Manifest:
     """Lower one SavedModel signature into a verified model package at `out_dir`.
 
     `shapes` gives concrete sizes for dynamic non-batch input dims (full shape, batch dim -1),
     e.g. {"tokens": (-1, 16)}; they only shape the golden inputs, the ONNX graph stays dynamic.
     A SavedModelInfo (what `ingest` returned for this signature) is lowered as it is, without
-    reading and hashing the SavedModel again.
+    reading and hashing the SavedModel again. `allow_fallback=("onnxruntime",)` accepts nodes the
+    runtime has no kernel for, to be run by onnxruntime; otherwise such a node fails the lowering.
     Raises IngestError/LowerError (ValueErrors) naming what was wrong and what was expected.
     """
     out = Path(out_dir)
@@ -90,9 +93,13 @@ def lower(
             info = ingest(Path(savedmodel), signature)
     tails = golden_shapes(info, shapes or {})
     check_opset(opset)
+    unknown = sorted(set(allow_fallback) - set(FALLBACK_RUNTIMES))
+    if unknown:
+        raise LowerError(f"fallback runtime(s) {unknown}: expected any of {list(FALLBACK_RUNTIMES)}")
     try:
         with staged_dir(out) as tmp:
-            manifest = _lower_into(tmp, info, tails, name=name, version=version, seed=seed, opset=opset)
+            manifest = _lower_into(tmp, info, tails, name=name, version=version, seed=seed, opset=opset,
+                                   allow_fallback=tuple(allow_fallback))
     except FileExistsError as e:  # created by someone else while we were working
         raise LowerError(f"{out}: already exists; refusing to overwrite it ({e})") from e
     log(logger, logging.INFO, "lowered", savedmodel=str(info.path), package=str(out), name=name,
@@ -160,7 +167,7 @@ def _check_name(what: str, value: str) -> str:
 
 
 def _lower_into(tmp: Path, info: SavedModelInfo, tails: dict[str, tuple[int, ...]], *, name: str,
-                version: str, seed: int, opset: int) -> Manifest:
+                version: str, seed: int, opset: int, allow_fallback: tuple[str, ...]) -> Manifest:
     tf = tensorflow()
     with step("loading SavedModel"):
         loaded = tf.saved_model.load(str(info.path), tags=[SERVE_TAG])  # keeps fn's variables alive
@@ -175,7 +182,10 @@ def _lower_into(tmp: Path, info: SavedModelInfo, tails: dict[str, tuple[int, ...
         check_model(model, info)
         (tmp / MODEL_ONNX).write_bytes(model.SerializeToString())
         result = check_onnxruntime(tmp / MODEL_ONNX, batches)
+    with step("checking kubetrt's kernels cover every node"):
+        coverage = check_coverage(model, name, allow_fallback)
     manifest = _manifest(tmp, info, model, result, tails, name=name, version=version, seed=seed, opset=opset)
+    manifest.onnx["coverage"] = coverage
     write_manifest(tmp, manifest)
     return manifest
 
@@ -253,10 +263,13 @@ def _check_tf_outputs(info: SavedModelInfo, batch: int, outputs: Mapping[str, np
 
 
 def convert(fn: Any, info: SavedModelInfo, opset: int) -> Any:
-    """tf2onnx on a positional wrapper of the signature; graph I/O renamed to the signature's names.
+    """tf2onnx on a frozen positional wrapper of the signature; graph I/O renamed to the signature's names.
 
     The wrapper fixes the order of inputs and outputs, so renaming does not depend on how tf2onnx
-    names placeholders (`x:0`, `args_0`, ...).
+    names placeholders (`x:0`, `args_0`, ...). Freezing turns everything the function captures
+    into constants: variables, and also captured tensors that are not variables (EfficientNet's
+    normalization statistics, ConvNeXt's layer scales), which tf2onnx's function path would
+    otherwise leave as extra graph inputs.
     """
     tf = tensorflow()
     import tf2onnx
@@ -271,19 +284,57 @@ def convert(fn: Any, info: SavedModelInfo, opset: int) -> Any:
         outputs = fn(**dict(zip(names_in, args)))
         return [outputs[k] for k in names_out]
 
-    concrete = positional.get_concrete_function()
-    rename = {s.name: n for s, n in zip(specs, names_in)}
-    rename.update({t.name: n for t, n in zip(concrete.inputs[: len(names_in)], names_in)})
-    rename.update({t.name: n for t, n in zip(concrete.outputs, names_out)})
     try:
         with quiet_native_stderr():
-            model, _ = tf2onnx.convert.from_function(positional, input_signature=specs, opset=opset,
-                                                     custom_op_handlers=CUSTOM_OP_HANDLERS)
+            frozen = freeze(positional.get_concrete_function())
+            graph_in = [t.name for t in frozen.inputs]
+            graph_out = [t.name for t in frozen.outputs]
+            if len(graph_in) != len(names_in):
+                raise LowerError(f"{info.path}: the frozen signature {info.signature!r} still has inputs "
+                                 f"{graph_in}; expected only the signature's {names_in}")
+            model, _ = tf2onnx.convert.from_graph_def(inlinable(frozen.graph.as_graph_def()), input_names=graph_in,
+                                                      output_names=graph_out, opset=opset,
+                                                      custom_op_handlers=CUSTOM_OP_HANDLERS)
+    except LowerError:
+        raise
     except Exception as e:  # tf2onnx raises bare Exceptions/ValueErrors/KeyErrors for unsupported graphs
         raise LowerError(f"{info.path}: tf2onnx could not convert signature {info.signature!r} at opset "
                          f"{opset} ({type(e).__name__}: {e})") from e
+    rename = dict(zip(graph_in, names_in)) | dict(zip(graph_out, names_out))
     rename_io(model, rename, names_in, names_out)
     return model
+
+
+def freeze(concrete: Any) -> Any:
+    """The concrete function with every capture (variables and captured tensors) as a constant.
+
+    Control flow stays as While/If (not lowered to Switch/Merge), which tf2onnx turns into ONNX
+    Loop/If.
+    """
+    from tensorflow.python.framework.convert_to_constants import convert_variables_to_constants_v2
+
+    return convert_variables_to_constants_v2(concrete, lower_control_flow=False, aggressive_inlining=True)
+
+
+XLA_MARKERS = ("_XlaMustCompile", "_noinline")
+
+
+def inlinable(graph_def: Any) -> Any:
+    """`graph_def` with its function calls free to be inlined.
+
+    Keras 3 runs grouped convolutions (ConvNeXt's depthwise ones) in functions marked for XLA
+    compilation; TensorFlow's inliner keeps those as calls, which tf2onnx cannot convert. Without
+    the marker, the inliner tf2onnx runs (grappler's function optimizer) replaces them by their body.
+    """
+    for fn in graph_def.library.function:
+        for key in XLA_MARKERS:
+            if key in fn.attr:
+                del fn.attr[key]
+    for node in [*graph_def.node, *(n for fn in graph_def.library.function for n in fn.node_def)]:
+        for key in XLA_MARKERS:
+            if key in node.attr:
+                del node.attr[key]
+    return graph_def
 
 
 def _erfc(ctx: Any, node: Any, name: str, args: Any) -> None:
@@ -420,6 +471,29 @@ def check_onnxruntime(model_path: Path, batches: Batches) -> OnnxCheck:
             if diff >= worst.max_abs_diff:
                 worst = OnnxCheck(diff, f"batch{batch}.{key}", tol)
     return worst
+
+
+def check_coverage(model: Any, name: str, allow_fallback: tuple[str, ...]) -> dict[str, Any]:
+    """Where each node will run, per kernel device; LowerError naming the model, node and op where
+    nothing permitted can run a node, or where the host runtime refuses to compile one.
+
+    The host runtime compiles the whole graph here, so a kernel that rejects an attribute fails
+    the lowering, not a pod's first request.
+    """
+    from kubetrt.runtime.coverage import KERNEL_DEVICES, place, require_runnable
+    from kubetrt.runtime.devices import get_device
+    from kubetrt.runtime.onnx_import import from_proto
+
+    graph = from_proto(model)
+    try:
+        report = {"host": require_runnable(graph, "host", name, allow_fallback).to_json()}
+        get_device("host").prepare(from_proto(model), {})
+    except Exception as e:  # a kernel factory's refusal, or its bug: either way lowering must not pass
+        raise LowerError(f"model {name}: kubetrt cannot run the lowered graph ({type(e).__name__}: {e})") from e
+    for device in KERNEL_DEVICES:
+        if device not in report:
+            report[device] = place(graph, device, allow_fallback).to_json()
+    return report
 
 
 def check_faithful(where: str, got: np.ndarray, want: np.ndarray, tol: Tolerance) -> float:

@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
+from kubetrt.runtime.coverage import describe
 from kubetrt.telemetry import progress
 from kubetrt.telemetry.logs import log
 from kubetrt.pipeline.sources import fetch_model
@@ -90,7 +91,11 @@ def build_stage(package_dir: str | os.PathLike[str], manifest: Manifest, target:
         return Built(key, resolved, digest, None, reused=True)
     with progress.step(f"building engine {key}"):
         meta = build_engine(package_dir, manifest, resolved, out_dir)
-    log(logger, logging.INFO, "engine built", key=key)
+    coverage = meta["coverage"]
+    log(logger, logging.INFO, "engine built", key=key, fallback_segments=len(coverage["fallback_segments"]),
+        runtimes=sorted(coverage["ops"]))
+    for line in describe(coverage):
+        progress.note(f"coverage: {line}")
     return Built(key, resolved, digest, Path(out_dir), reused=False, metadata=meta)
 
 

@@ -12,7 +12,10 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .coverage import KERNEL_DEVICES, ONNXRUNTIME, onnxruntime_installed, place, place_segments
 from .devices import get_device, resolve_target
+from .devices.tensorrt import SEGMENTS_KEY
+from .graph import Graph
 from .onnx_import import load_package_graph
 from .package import MODEL_ONNX, Manifest, PackageError, atomic_write_text, load_golden, sha256_file
 from .target import Target, TargetError
@@ -37,6 +40,7 @@ def build_engine(package_dir: str | os.PathLike[str], manifest: Manifest, target
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     options = dev.tune(graph, target, load_golden(package_dir, manifest))
+    coverage = build_coverage(load_package_graph(package_dir, manifest), target.backend, options)
     extra_files = options.pop("_files", {})
     for rel, data in extra_files.items():
         (out / rel).write_bytes(data)
@@ -47,9 +51,19 @@ def build_engine(package_dir: str | os.PathLike[str], manifest: Manifest, target
         "model": {"name": manifest.name, "version": manifest.version, "onnx": manifest.files[MODEL_ONNX]},
         "options": options,
         "files": {rel: sha256_file(out / rel) for rel in sorted(extra_files)},
+        "coverage": coverage,
     }
     atomic_write_text(out / ENGINE_JSON, json.dumps(meta, indent=2) + "\n")
     return meta
+
+
+def build_coverage(graph: Graph, backend: str, options: dict[str, Any]) -> dict[str, Any]:
+    """Where the built engine runs each node: the backend, or a fallback runtime (TF-TRT style)."""
+    allow = (ONNXRUNTIME,) if onnxruntime_installed() else ()
+    if backend in KERNEL_DEVICES:
+        return place(graph, backend, allow).to_json()
+    backend_nodes = {name for seg in options.get(SEGMENTS_KEY, []) if seg["supported"] for name in seg["nodes"]}
+    return place_segments(graph, backend, backend_nodes, allow=allow).to_json()
 
 
 def read_engine(engine_dir: str | os.PathLike[str], manifest: Manifest) -> dict[str, Any]:

@@ -33,3 +33,9 @@ def step(what: str) -> Iterator[None]:
         raise
     if show:
         print(f"[kubetrt] {what} done ({time.perf_counter() - t0:.1f}s)", file=sys.stderr, flush=True)
+
+
+def note(line: str) -> None:
+    """One line of what a step found (e.g. an engine's kernel coverage), shown like the steps."""
+    if enabled():
+        print(f"[kubetrt]   {line}", file=sys.stderr, flush=True)

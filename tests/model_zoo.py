@@ -37,6 +37,7 @@ class ZooModel:
     build: Callable[[Path], None]  # writes a SavedModel into the given (empty) directory
     slow: bool  # tens of seconds to build/lower: tests using it must be marked @pytest.mark.slow
     description: str
+    shapes: dict[str, tuple[int, ...]] | None = None  # golden sizes for dynamic non-batch dims (lower's `shapes`)
 
 
 # --------------------------------------------------------------------------- builders
@@ -51,7 +52,7 @@ def _keras() -> Any:
     return keras
 
 
-def _randomize_batchnorm(model: Any, rng: np.random.Generator) -> None:
+def randomize_batchnorm(model: Any, rng: np.random.Generator) -> None:
     """Non-trivial BN statistics, so Conv+BN folding is really exercised by every later stage."""
     keras = _keras()
     for layer in model.layers:
@@ -97,7 +98,7 @@ def build_small_cnn(path: Path) -> None:
     x = L.GlobalAveragePooling2D()(x)
     out = L.Dense(10, activation="softmax")(x)
     model = keras.Model(inp, out, name="small_cnn")
-    _randomize_batchnorm(model, np.random.default_rng(2))
+    randomize_batchnorm(model, np.random.default_rng(2))
     _export(model, path)
 
 
@@ -119,7 +120,7 @@ def build_mobilenet_v2(path: Path) -> None:
     keras.utils.set_random_seed(4)
     inp = keras.Input((224, 224, 3), name="image")
     model = keras.applications.MobileNetV2(input_tensor=inp, weights=None)
-    _randomize_batchnorm(model, np.random.default_rng(4))
+    randomize_batchnorm(model, np.random.default_rng(4))
     _export(model, path)
 
 
@@ -128,7 +129,7 @@ def build_resnet50(path: Path) -> None:
     keras.utils.set_random_seed(5)
     inp = keras.Input((224, 224, 3), name="image")
     model = keras.applications.ResNet50(input_tensor=inp, weights=None)
-    _randomize_batchnorm(model, np.random.default_rng(5))
+    randomize_batchnorm(model, np.random.default_rng(5))
     _export(model, path)
 
 
@@ -157,6 +158,124 @@ def build_two_in_two_out(path: Path) -> None:
     tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
 
 
+# --------------------------------------------------------------------------- op families
+# One small model per op family tf2onnx emits beyond plain CNNs and MLPs: transposed
+# convolutions, resizing, recurrent layers, cumulative sums and TensorFlow control flow.
+
+
+def build_unet(path: Path) -> None:
+    """Encoder-decoder with Conv2DTranspose (stride 2, 'same' and 'valid'), a skip connection,
+    UpSampling2D (nearest and bilinear) and a Conv1DTranspose head on the flattened rows."""
+    keras = _keras()
+    keras.utils.set_random_seed(7)
+    L = keras.layers
+    inp = keras.Input((32, 32, 3), name="image")
+    e1 = L.Conv2D(8, 3, padding="same", activation="relu")(inp)
+    e2 = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(e1)
+    e3 = L.Conv2D(16, 3, strides=2, padding="same", activation="relu")(e2)
+    d2 = L.Conv2DTranspose(16, 3, strides=2, padding="same", activation="relu")(e3)
+    d2 = L.Concatenate()([d2, e2])
+    d1 = L.Conv2DTranspose(8, 2, strides=2, padding="valid")(d2)
+    up = L.UpSampling2D(2, interpolation="nearest")(e2)
+    bi = L.UpSampling2D(2, interpolation="bilinear")(e2)
+    x = L.Concatenate()([d1, e1, L.Conv2D(8, 1)(up), L.Conv2D(8, 1)(bi)])
+    out = L.Conv2D(2, 1, name="mask")(x)
+    _export(keras.Model(inp, out, name="unet"), path)
+
+
+def build_resize(path: Path) -> None:
+    """tf.image.resize bilinear and nearest, up and down ('bicubic' and 'area' are left out:
+    tf2onnx's conversions of them do not reproduce TensorFlow at the fp32 tolerance, and lowering
+    refuses them)."""
+    keras = _keras()
+    keras.utils.set_random_seed(8)
+    L = keras.layers
+    inp = keras.Input((12, 16, 3), name="image")
+    outs = [L.Flatten()(L.Resizing(h, w, interpolation=m)(inp))
+            for m, (h, w) in (("bilinear", (24, 20)), ("nearest", (18, 40)), ("bilinear", (6, 7)),
+                              ("nearest", (5, 9)))]
+    _export(keras.Model(inp, L.Concatenate()(outs), name="resize"), path)
+
+
+def build_lstm(path: Path) -> None:
+    """Stacked LSTMs over a sequence whose length is dynamic (served at two lengths)."""
+    keras = _keras()
+    keras.utils.set_random_seed(9)
+    L = keras.layers
+    inp = keras.Input((None, 12), name="sequence")
+    x = L.LSTM(24, return_sequences=True)(inp)
+    x = L.LSTM(16)(x)
+    _export(keras.Model(inp, L.Dense(4)(x), name="lstm"), path)
+
+
+def build_gru(path: Path) -> None:
+    keras = _keras()
+    keras.utils.set_random_seed(10)
+    L = keras.layers
+    inp = keras.Input((20, 12), name="sequence")
+    x = L.GRU(24, return_sequences=True)(inp)
+    x = L.GRU(16, reset_after=False)(x)
+    _export(keras.Model(inp, L.Dense(4)(x), name="gru"), path)
+
+
+def build_bidirectional(path: Path) -> None:
+    """Token ids -> Embedding -> Bidirectional LSTM (sequences) -> Bidirectional GRU -> SimpleRNN-free head."""
+    keras = _keras()
+    keras.utils.set_random_seed(11)
+    L = keras.layers
+    inp = keras.Input((16,), dtype="int32", name="tokens")
+    x = L.Embedding(10, 8)(inp)  # golden ids are drawn from [0, 10)
+    x = L.Bidirectional(L.LSTM(12, return_sequences=True))(x)
+    x = L.Bidirectional(L.GRU(8))(x)
+    _export(keras.Model(inp, L.Dense(3)(x), name="bidirectional"), path)
+
+
+def build_cumsum(path: Path) -> None:
+    """tf.math.cumsum in its four exclusive x reverse forms, on two axes."""
+    from kubetrt.pipeline.ingest import tensorflow
+
+    tf = tensorflow()
+
+    class CumSum(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 6, 5], tf.float32)])
+        def serve(self, x: Any) -> dict[str, Any]:
+            return {"plain": tf.math.cumsum(x, axis=1),
+                    "exclusive": tf.math.cumsum(x, axis=2, exclusive=True),
+                    "reverse": tf.math.cumsum(x, axis=1, reverse=True),
+                    "both": tf.math.cumsum(x, axis=-1, exclusive=True, reverse=True)}
+
+    module = CumSum()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+
+
+def build_control_flow(path: Path) -> None:
+    """A tf.Module with a data-dependent while loop carrying tensors and a tf.cond per sample batch."""
+    from kubetrt.pipeline.ingest import tensorflow
+
+    tf = tensorflow()
+    rng = np.random.default_rng(12)
+
+    class ControlFlow(tf.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.w = tf.Variable(rng.normal(0.0, 0.3, (8, 8)).astype("float32"))
+
+        @tf.function(input_signature=[tf.TensorSpec([None, 8], tf.float32)])
+        def serve(self, x: Any) -> dict[str, Any]:
+            def body(i: Any, h: Any, acc: Any) -> Any:
+                h = tf.tanh(tf.matmul(h, self.w) + x)
+                return i + 1, h, acc + tf.reduce_sum(h, axis=1)
+
+            steps = 3 + tf.cast(tf.reduce_sum(tf.cast(x[:, 0] > 0, tf.int32)) % 3, tf.int32)
+            _, h, acc = tf.while_loop(lambda i, h, acc: i < steps, body,
+                                      [tf.constant(0), tf.zeros_like(x), tf.zeros_like(x[:, 0])])
+            gated = tf.cond(tf.reduce_mean(h) > 0, lambda: h * 2.0, lambda: h - 1.0)
+            return {"state": gated, "total": acc}
+
+    module = ControlFlow()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+
+
 MODELS: dict[str, ZooModel] = {
     m.name: m
     for m in (
@@ -166,6 +285,14 @@ MODELS: dict[str, ZooModel] = {
         ZooModel("two_in_two_out", build_two_in_two_out, False, "features f32[-1,8] + ids i32[-1,2,3] -> logits, score"),
         ZooModel("mobilenet_v2", build_mobilenet_v2, True, "keras.applications.MobileNetV2, 224x224x3, random weights"),
         ZooModel("resnet50", build_resnet50, True, "keras.applications.ResNet50, 224x224x3, random weights"),
+        ZooModel("unet", build_unet, False, "32x32x3 encoder-decoder: Conv2DTranspose, skip concat, UpSampling2D nearest+bilinear"),
+        ZooModel("resize", build_resize, False, "12x16x3 -> Resizing bilinear/nearest, up and down"),
+        ZooModel("lstm", build_lstm, False, "sequence f32[-1,-1,12] -> LSTM 24 (sequences) -> LSTM 16 -> Dense 4",
+                 shapes={"sequence": (-1, 10, 12)}),
+        ZooModel("gru", build_gru, False, "sequence f32[-1,20,12] -> GRU 24 (reset_after) -> GRU 16 (reset_before) -> Dense 4"),
+        ZooModel("bidirectional", build_bidirectional, False, "tokens i32[-1,16] -> Embedding -> BiLSTM 12 -> BiGRU 8 -> Dense 3"),
+        ZooModel("cumsum", build_cumsum, False, "tf.math.cumsum exclusive/reverse on f32[-1,6,5]"),
+        ZooModel("control_flow", build_control_flow, False, "tf.Module: data-dependent tf.while_loop + tf.cond on f32[-1,8]"),
     )
 }
 
@@ -234,11 +361,12 @@ class Zoo:
         """The model's lowered package (lowered with the current lowering code), built on first use."""
         from kubetrt.pipeline.lower import lower
 
+        spec = self.spec(name)
         savedmodel = self.savedmodel(name)
         path = self.root / name / f"package-{lowering_digest()}"
         with _locked(self.root / name / ".lock"):
             if not path.is_dir():
-                lower(savedmodel, path, name=name)
+                lower(savedmodel, path, name=name, shapes=spec.shapes)
                 for stale in path.parent.glob("package-*"):
                     if stale != path:
                         shutil.rmtree(stale, ignore_errors=True)

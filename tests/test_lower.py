@@ -284,6 +284,70 @@ def test_rename_io_refuses_unmappable_names() -> None:
         rename_io(helper.make_model(graph), {}, ["x"], ["y"])
 
 
+# --------------------------------------------------------------------------- captured constants, coverage
+
+
+@pytest.fixture(scope="module")
+def det_savedmodel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A determinant (ONNX Det: no kubetrt kernel) between ops kubetrt has, and a captured constant."""
+    tf = tensorflow()
+    offset = tf.constant(np.eye(3, dtype=np.float32) * 2.0)  # captured, not a variable
+
+    class Det(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 3, 3], tf.float32)])
+        def serve(self, x):  # type: ignore[no-untyped-def]
+            det = tf.linalg.det(tf.nn.relu(x) + offset)
+            return {"det": tf.tanh(det * 0.1), "total": tf.reduce_sum(x, axis=[1, 2])}
+
+    path = tmp_path_factory.mktemp("det") / "det_model"
+    module = Det()
+    tf.saved_model.save(module, str(path), signatures={"serving_default": module.serve})
+    return path
+
+
+def test_captured_constants_are_frozen(tmp_path: Path) -> None:
+    """A tensor the function captures (not a variable: EfficientNet's normalization statistics,
+    ConvNeXt's layer scales) becomes a constant, not an extra graph input."""
+    tf = tensorflow()
+    scale = tf.constant(np.linspace(0.5, 1.5, 4, dtype=np.float32))
+
+    class Scaled(tf.Module):
+        @tf.function(input_signature=[tf.TensorSpec([None, 4], tf.float32)])
+        def serve(self, x):  # type: ignore[no-untyped-def]
+            return {"y": x * scale + 1.0}
+
+    module = Scaled()
+    tf.saved_model.save(module, str(tmp_path / "sm"), signatures={"serving_default": module.serve})
+    lower(tmp_path / "sm", tmp_path / "pkg")
+    model = onnx.load(str(tmp_path / "pkg" / MODEL_ONNX))
+    assert [i.name for i in model.graph.input] == ["x"]
+
+
+def test_op_without_kernel_fails_lowering_naming_model_node_and_op(det_savedmodel: Path, tmp_path: Path) -> None:
+    with pytest.raises(LowerError, match=r"model det-model: .*no kernel on host.*\(Det\).*--allow-fallback onnxruntime"):
+        lower(det_savedmodel, tmp_path / "pkg", name="det-model")
+    assert not (tmp_path / "pkg").exists()
+
+
+def test_allowed_fallback_records_coverage_and_runs_in_onnxruntime(det_savedmodel: Path, tmp_path: Path) -> None:
+    from kubetrt.runtime import load_model
+    from kubetrt.runtime.accuracy import HOST, compare
+
+    manifest = lower(det_savedmodel, tmp_path / "pkg", name="det-model", allow_fallback=("onnxruntime",))
+    host = manifest.onnx["coverage"]["host"]
+    assert [seg["ops"] for seg in host["fallback_segments"]] == [["Det"]]
+    assert host["ops"]["onnxruntime"] == {"Det": 1} and host["missing"] == []
+    model = load_model(tmp_path / "pkg")
+    for batch, (inputs, expected) in load_golden(tmp_path / "pkg", manifest).items():
+        result = compare(model.predict(inputs), expected, tolerance_for("fp32", HOST))
+        assert result.passed, f"batch {batch}: {result.reason()}"
+
+
+def test_unknown_fallback_runtime_refused(det_savedmodel: Path, tmp_path: Path) -> None:
+    with pytest.raises(LowerError, match=r"fallback runtime\(s\) \['tensorflow'\]: expected any of \['onnxruntime'\]"):
+        lower(det_savedmodel, tmp_path / "pkg", allow_fallback=("tensorflow",))
+
+
 # --------------------------------------------------------------------------- CLI
 
 
@@ -302,6 +366,8 @@ def test_cli_lower_end_to_end(zoo, tmp_path: Path) -> None:
     assert "features:float32[-1, 256]" in proc.stdout
     assert "[kubetrt] converting to ONNX (opset 17) done" in proc.stderr  # progress shown
     assert "oneDNN" not in proc.stderr and "I0000" not in proc.stderr  # TF start-up spam silenced
+    assert "kernel coverage, host:" in proc.stdout and "no fallback: every node runs on host" in proc.stdout
+    assert "kernel coverage, cuda:" in proc.stdout
     manifest = open_package(out)
     assert (manifest.name, manifest.version, manifest.golden["seed"]) == ("mlp-cli", "3", 7)
     assert sorted(load_golden(out, manifest)) == [1, 4]

@@ -31,6 +31,14 @@ def register(subparsers: Any) -> None:
         help="concrete golden-input shape for an input with dynamic non-batch dims, batch dim -1 "
         "(e.g. --shape tokens=-1,16); repeatable",
     )
+    p.add_argument(
+        "--allow-fallback",
+        action="append",
+        default=[],
+        choices=["onnxruntime"],
+        help="let onnxruntime run nodes kubetrt has no kernel for (serving then needs the kubetrt[fallback] "
+        "extra); without it such a node fails the lowering",
+    )
     p.set_defaults(func=run)
 
 
@@ -49,6 +57,7 @@ def parse_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 def run(args: argparse.Namespace) -> int:
     from kubetrt.pipeline.lower import lower
+    from kubetrt.runtime.coverage import describe
 
     shapes = dict(args.shape)
     if len(shapes) != len(args.shape):
@@ -62,6 +71,7 @@ def run(args: argparse.Namespace) -> int:
         seed=args.seed,
         opset=args.opset,
         shapes=shapes,
+        allow_fallback=tuple(args.allow_fallback),
     )
     ios = ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in manifest.inputs)
     outs = ", ".join(f"{t.name}:{t.dtype}{list(t.shape)}" for t in manifest.outputs)
@@ -70,4 +80,9 @@ def run(args: argparse.Namespace) -> int:
     print(f"  outputs: {outs}")
     print(f"  onnx opset {manifest.onnx['opset']}, onnxruntime max abs diff vs TensorFlow "
           f"{manifest.onnx['check']['max_abs_diff']:.3g}")
+    for device, cov in manifest.onnx["coverage"].items():
+        print(f"  kernel coverage, {device}:")
+        for line in describe(cov):
+            print(f"    {line}")
     return 0
+

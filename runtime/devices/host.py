@@ -14,7 +14,9 @@ from ..memory import keep_freed_memory
 from ..timing import median_seconds
 from ..program import compile_graph
 from ..target import Target
+from ..partition import SegmentRunner
 from . import NodeIdentity
+from .onnxruntime_fallback import host_coverage, prepare_with_fallback
 
 class HostRuntime:
     name = "host"
@@ -25,15 +27,21 @@ class HostRuntime:
     def identity(self) -> NodeIdentity:
         return NodeIdentity("cpu", None, f"numpy{np.__version__}-{platform.machine()}")
 
-    def prepare(self, graph: Graph, options: dict[str, Any]) -> SequentialPlan | DataflowExecutor:
+    def prepare(self, graph: Graph, options: dict[str, Any]) -> SequentialPlan | DataflowExecutor | SegmentRunner:
+        """A plan for `graph`; nodes without a host kernel run in onnxruntime segments between
+        host segments, where the model allows it (see runtime/coverage.py)."""
+        coverage = host_coverage(graph)
+        if coverage.segments:
+            return prepare_with_fallback(graph, coverage, lambda segment: self.prepare(segment, options))
         parallel.single_threaded_blas()
         keep_freed_memory()
         executor = options.get("executor", "sequential")
         if executor == "dataflow":
-            return DataflowExecutor(compile_graph(graph, "host", concurrent=True), parallel.shared_pool())
+            return DataflowExecutor(compile_graph(graph, "host", concurrent=True, subgraph_plan=SequentialPlan),
+                                    parallel.shared_pool())
         if executor != "sequential":
             raise ValueError(f"host executor {executor!r}: expected sequential or dataflow")
-        return SequentialPlan(compile_graph(graph, "host"))
+        return SequentialPlan(compile_graph(graph, "host", subgraph_plan=SequentialPlan))
 
     def tune(self, graph: Graph, target: Target, golden: dict[int, Any]) -> dict[str, Any]:
         """Pick the faster executor for this model on this node, timed on the golden inputs."""
