@@ -129,6 +129,26 @@ def test_cuda_stand_in_tune_picks_an_accurate_candidate_and_refuses_when_none_is
         STAND_IN.tune(fresh(graph), target, golden, repeats=1)
 
 
+@pytest.mark.parametrize("name, host_ops", [("cumsum", {"CumSum"}), ("control_flow", {"Loop", "If"})])
+def test_cuda_falls_back_to_host_for_ops_without_cuda_kernel_and_reports_it(zoo, tmp_path, monkeypatch, name: str,
+                                                                            host_ops: set[str]) -> None:
+    """TF-TRT style: nodes the cuda runtime has no kernel for run on the host; the build report
+    names them, and the engine still matches TensorFlow."""
+    monkeypatch.setattr(cuda, "RUNTIME", CudaRuntime(NumpyStandIn()))
+    pkg = zoo.package(name)
+    target = resolve_target(Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 4, 8)))
+    meta = build_engine(pkg, open_package(pkg), target, tmp_path / "engine")
+    coverage = meta["coverage"]
+    assert set(coverage["ops"]["host"]) >= host_ops and not host_ops & set(coverage["ops"].get("cuda", {}))
+    assert {op for seg in coverage["fallback_segments"] for op in seg["ops"]} >= host_ops
+    assert all(seg["runtime"] == "host" for seg in coverage["fallback_segments"])
+    model = load_model(pkg, "cuda", engine_dir=tmp_path / "engine")
+    assert set(model._exe.plan.fallback_ops) >= host_ops
+    graph, golden = load(pkg)
+    check_all_batches(lambda feeds: list(model.predict(dict(zip([v.name for v in graph.inputs], feeds))).values()),
+                      graph, golden, 1e-4)
+
+
 def test_cuda_stand_in_engine_build_load_and_refusal_on_another_gpu(zoo, tmp_path, monkeypatch) -> None:
     """build_engine -> engine folder -> load_model(device='cuda') through the shared device API,
     with the cuda runtime's GPU boundary replaced by the NumPy stand-in."""

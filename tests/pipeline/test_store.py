@@ -56,6 +56,8 @@ def test_publish_fetch_and_reuse(package: Path, tmp_path: Path) -> None:
     assert (after.st_ino, after.st_mtime_ns) == (before.st_ino, before.st_mtime_ns)
     report = store.fetch_engine(digest, first.key, tmp_path / "fetched")
     assert report["passed"] and set(report["files"]) == {p.name for p in (tmp_path / "fetched").iterdir()}
+    coverage = report["build"]["coverage"]  # the build report says where every node runs
+    assert coverage["device"] == "host" and list(coverage["ops"]) == ["host"] and coverage["fallback_segments"] == []
 
 
 def test_failing_engine_is_never_published(built, tmp_path: Path) -> None:
