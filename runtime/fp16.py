@@ -13,6 +13,8 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
+from .graph import unique_name
+
 FLOAT, HALF = TensorProto.FLOAT, TensorProto.FLOAT16
 
 
@@ -23,15 +25,6 @@ def _half_tensor(t: onnx.TensorProto) -> onnx.TensorProto:
     if np.any(np.abs(arr[np.isfinite(arr)]) > 65504):
         raise ValueError(f"tensor {t.name!r}: values beyond float16's range (65504); keep this model in fp32")
     return numpy_helper.from_array(arr.astype(np.float16), t.name)
-
-
-def _unique(base: str, taken: set[str]) -> str:
-    name, k = base, 0
-    while name in taken:
-        k += 1
-        name = f"{base}_{k}"
-    taken.add(name)
-    return name
 
 
 def to_float16(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> onnx.ModelProto:
@@ -52,10 +45,10 @@ def to_float16(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> onnx.Mo
 
     new_nodes: list[onnx.NodeProto] = []
     # boundary: float32 graph inputs -> float16 copies that the graph reads instead
-    renamed = {x: _unique(f"{x}__fp16", names) for x in float_inputs}
+    renamed = {x: unique_name(f"{x}__fp16", names) for x in float_inputs}
     for x, h in renamed.items():
         new_nodes.append(helper.make_node("Cast", [x], [h], to=HALF, name=f"{h}_cast"))
-    out_renamed = {x: _unique(f"{x}__fp16", names) for x in float_outputs}
+    out_renamed = {x: unique_name(f"{x}__fp16", names) for x in float_outputs}
 
     for n in g.node:
         node = onnx.NodeProto()
@@ -75,12 +68,12 @@ def to_float16(model: onnx.ModelProto, keep_fp32: Iterable[str] = ()) -> onnx.Mo
             pre, post = [], []
             for i, x in enumerate(node.input):
                 if x and n.input[i] in is_float:
-                    y = _unique(f"{x}__fp32", names)
+                    y = unique_name(f"{x}__fp32", names)
                     pre.append(helper.make_node("Cast", [x], [y], to=FLOAT, name=f"{y}_cast"))
                     node.input[i] = y
             for i, x in enumerate(node.output):
                 if x and n.output[i] in is_float:
-                    y = _unique(f"{x}__fp32", names)
+                    y = unique_name(f"{x}__fp32", names)
                     post.append(helper.make_node("Cast", [y], [x], to=HALF, name=f"{y}_cast"))
                     node.output[i] = y
             new_nodes.extend(pre + [node] + post)

@@ -87,3 +87,13 @@ def toposort(graph: Graph) -> Graph:
         pending = rest
     graph.nodes = ordered
     return graph
+
+
+def unique_name(base: str, taken: set[str]) -> str:
+    """`base`, or `base__1`, `base__2`, ... whichever `taken` does not hold yet; recorded in `taken`."""
+    name, k = base, 0
+    while name in taken:
+        k += 1
+        name = f"{base}__{k}"
+    taken.add(name)
+    return name

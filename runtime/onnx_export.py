@@ -9,7 +9,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from .graph import CAPTURES, Graph, Node
+from .graph import CAPTURES, Graph, Node, unique_name
 
 
 def _attribute(key: str, value: Any) -> onnx.AttributeProto | None:
@@ -46,16 +46,8 @@ def _subgraph_proto(sub: Graph, outer: Sequence[str], name: str) -> onnx.GraphPr
     defined = {v.name for v in own} | set(sub.constants) | {o for n in sub.nodes for o in n.outputs if o}
     taken = defined | set(formals) | set(outer)
 
-    def fresh(base: str) -> str:
-        new, k = base, 0
-        while new in taken:
-            k += 1
-            new = f"{base}__{k}"
-        taken.add(new)
-        return new
-
     for inner in sorted(defined & set(rename.values())):  # an inner value shadowing an outer name
-        rename[inner] = fresh(inner)
+        rename[inner] = unique_name(inner, taken)
 
     def r(x: str) -> str:
         return rename.get(x, x)
@@ -66,7 +58,7 @@ def _subgraph_proto(sub: Graph, outer: Sequence[str], name: str) -> onnx.GraphPr
     for v in sub.outputs:
         exported = r(v.name)
         if v.name in formals:  # onnxruntime refuses an outer value as a sub-graph output: copy it in
-            exported = fresh(f"{v.name}__out")
+            exported = unique_name(f"{v.name}__out", taken)
             nodes.append(helper.make_node("Identity", [r(v.name)], [exported], name=f"{name}_{exported}"))
         outputs.append(_sub_value_info(sub, v.name, exported))
     used = {x for n in sub.nodes for x in n.inputs} | {o.name for o in sub.outputs}
