@@ -76,17 +76,19 @@ def build_application(name: str, path: Path) -> dict[str, Any]:
     keras = _keras()
     ctor = getattr(keras.applications, name)
     extra = {"classifier_activation": None} if "classifier_activation" in inspect.signature(ctor).parameters else {}
-    size = 32
-    for _ in range(3):
+    size, model = 32, None
+    for _ in range(4):
         keras.utils.set_random_seed(0)
         try:
             model = ctor(input_tensor=keras.Input((size, size, 3), name="image"), weights=None, **extra)
             break
-        except ValueError as e:
+        except ValueError as e:  # the model's own minimum, when its message names it; else a next try
             found = re.search(r"no smaller than (\d+)", str(e)) or re.search(r"at least (\d+)", str(e))
-            if not found:
+            if not found and "output size would be zero" not in str(e):
                 raise
-            size = int(found.group(1))
+            size = int(found.group(1)) if found else {32: 75, 75: 96, 96: 128}[size]
+    if model is None:
+        raise ValueError(f"{name}: no input size up to {size} builds")
     _zoo_builders().randomize_batchnorm(model, np.random.default_rng(0))
     model.export(str(path), verbose=False)
     params = int(model.count_params())
