@@ -58,8 +58,10 @@ def randomize_batchnorm(model: Any, rng: np.random.Generator) -> None:
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             shape = layer.moving_mean.shape
-            layer.gamma.assign(rng.uniform(0.5, 1.5, shape).astype("float32"))
-            layer.beta.assign(rng.normal(0.0, 0.2, shape).astype("float32"))
+            if layer.gamma is not None:  # scale=False layers (Inception's) have none
+                layer.gamma.assign(rng.uniform(0.5, 1.5, shape).astype("float32"))
+            if layer.beta is not None:
+                layer.beta.assign(rng.normal(0.0, 0.2, shape).astype("float32"))
             layer.moving_mean.assign(rng.normal(0.0, 0.5, shape).astype("float32"))
             layer.moving_variance.assign(rng.uniform(0.5, 2.0, shape).astype("float32"))
 
