@@ -89,7 +89,7 @@ def build_application(name: str, path: Path) -> dict[str, Any]:
             size = int(found.group(1)) if found else {32: 75, 75: 96, 96: 128}[size]
     if model is None:
         raise ValueError(f"{name}: no input size up to {size} builds")
-    _zoo_builders().randomize_batchnorm(model, np.random.default_rng(0))
+    _zoo_builders().randomize_batchnorm(model, np.random.default_rng(0), BN_SPREAD.get(name, 1.0))
     model.export(str(path), verbose=False)
     params = int(model.count_params())
     keras.backend.clear_session()
@@ -127,6 +127,10 @@ def build_layer_model(name: str, path: Path) -> dict[str, Any]:
 
 # The largest applications go last: lowering them needs the most memory and time.
 LARGEST = {"ConvNeXtBase", "ConvNeXtLarge", "ConvNeXtXLarge", "EfficientNetB7", "EfficientNetV2L", "NASNetLarge"}
+# Random networks this deep are chaotic at the full batch-norm spread: a 1e-6 relative change of
+# the input moves EfficientNetV2-M's logits by 1.7 in TensorFlow itself, so no runtime (not even
+# onnxruntime, which lowering checks first) can agree with it at the fp32 tolerance.
+BN_SPREAD = {"EfficientNetV2M": 0.25, "EfficientNetV2L": 0.25}
 LAYER_SHAPES = {"lstm_text": {"tokens": (-1, 50)}}
 
 

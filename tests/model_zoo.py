@@ -52,18 +52,21 @@ def _keras() -> Any:
     return keras
 
 
-def randomize_batchnorm(model: Any, rng: np.random.Generator) -> None:
-    """Non-trivial BN statistics, so Conv+BN folding is really exercised by every later stage."""
+def randomize_batchnorm(model: Any, rng: np.random.Generator, spread: float = 1.0) -> None:
+    """Non-trivial BN statistics, so Conv+BN folding is really exercised by every later stage.
+
+    `spread` scales how far they stray from identity: very deep random networks (EfficientNetV2-M)
+    become chaotic at the full spread, where no two runtimes can agree."""
     keras = _keras()
     for layer in model.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             shape = layer.moving_mean.shape
             if layer.gamma is not None:  # scale=False layers (Inception's) have none
-                layer.gamma.assign(rng.uniform(0.5, 1.5, shape).astype("float32"))
+                layer.gamma.assign(rng.uniform(1.0 - 0.5 * spread, 1.0 + 0.5 * spread, shape).astype("float32"))
             if layer.beta is not None:
-                layer.beta.assign(rng.normal(0.0, 0.2, shape).astype("float32"))
-            layer.moving_mean.assign(rng.normal(0.0, 0.5, shape).astype("float32"))
-            layer.moving_variance.assign(rng.uniform(0.5, 2.0, shape).astype("float32"))
+                layer.beta.assign(rng.normal(0.0, 0.2 * spread, shape).astype("float32"))
+            layer.moving_mean.assign(rng.normal(0.0, 0.5 * spread, shape).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(1.0 - 0.5 * spread, 1.0 + spread, shape).astype("float32"))
 
 
 def _export(model: Any, path: Path) -> None:
