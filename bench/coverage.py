@@ -122,7 +122,7 @@ def build_layer_model(name: str, path: Path) -> dict[str, Any]:
     model.export(str(path), verbose=False)
     params = int(model.count_params())
     keras.backend.clear_session()
-    return {"input": "x".join(str(d) for d in inp.shape[1:]), "params": params}
+    return {"input": "x".join(str(-1 if d is None else d) for d in inp.shape[1:]), "params": params}
 
 
 # The largest applications go last: lowering them needs the most memory and time.

@@ -24,6 +24,7 @@ from kubetrt.pipeline.errors import LowerError
 from kubetrt.pipeline.ingest import SERVE_TAG, SavedModelInfo, ingest, quiet_native_stderr, tensorflow
 from kubetrt.telemetry.progress import step
 from kubetrt.runtime.accuracy import HOST, Tolerance, check_output, tolerance_for
+from kubetrt.runtime.graph import unique_name
 from kubetrt.runtime.package import (
     GOLDEN,
     MODEL_ONNX,
@@ -365,17 +366,10 @@ def rename_io(model: Any, rename: Mapping[str, str], names_in: Sequence[str], na
                          f"inputs {list(names_in)} and outputs {list(names_out)}")
     taken = _all_names(graph) - set(mapping)
     for new in set(mapping.values()) & taken:  # an internal tensor already uses a signature name
-        mapping[new] = _fresh_name(new, taken | set(mapping.values()))
+        mapping[new] = unique_name(new, taken | set(mapping.values()))
     _rename_graph(graph, mapping)
     _reorder(graph.input, names_in)
     _reorder(graph.output, names_out)
-
-
-def _fresh_name(base: str, used: set[str]) -> str:
-    i = 1
-    while f"{base}__{i}" in used:
-        i += 1
-    return f"{base}__{i}"
 
 
 def _subgraphs(graph: Any) -> Iterator[Any]:
