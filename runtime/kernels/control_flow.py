@@ -20,7 +20,7 @@ from typing import Any, Callable, Protocol, Sequence
 import numpy as np
 
 from ..errors import UnsupportedOpError
-from .registry import KernelSpec, OutputShapes, Run, Shape, norm_axis, register
+from .registry import KernelSpec, OutputShapes, Run, Shape, norm_axis, refuse, register
 
 CAPTURES = "kubetrt:captures"  # the IR's graph.CAPTURES: kernels do not import the IR
 Types = list[tuple[Shape, np.dtype | None]]
@@ -47,17 +47,13 @@ def _own(spec: KernelSpec) -> int:
     return len(spec.shapes) - _captures(spec)
 
 
-def _refuse(spec: KernelSpec, what: str, supported: str) -> UnsupportedOpError:
-    return UnsupportedOpError(f"node {spec.name!r} ({spec.op}): {what}; supported: {supported}")
-
-
 def _compiled(spec: KernelSpec, key: str, n_inputs: int, n_outputs: int) -> Subgraph:
     sub: Subgraph | None = spec.subgraphs.get(key)
     if sub is None:
-        raise _refuse(spec, f"sub-graph {key} is not compiled",
+        raise refuse(spec, f"sub-graph {key} is not compiled",
                       f"{spec.op} inside a compiled program (not eagerly, not in constant folding)")
     if len(sub.inputs) != n_inputs or len(sub.outputs) != n_outputs:
-        raise _refuse(spec, f"sub-graph {key} has {len(sub.inputs)} inputs and {len(sub.outputs)} outputs, "
+        raise refuse(spec, f"sub-graph {key} has {len(sub.inputs)} inputs and {len(sub.outputs)} outputs, "
                             f"the node's operands and outputs need {n_inputs} and {n_outputs}",
                       f"a {key} whose inputs and outputs match the node, as the ONNX spec defines {spec.op}")
     return sub
@@ -173,7 +169,7 @@ def _empty_scan(spec: KernelSpec, j: int, types: tuple[Shape, np.dtype | None]) 
 def loop(spec: KernelSpec) -> Run:
     n, scans = _loop_counts(spec)
     if n < 0 or scans < 0:
-        raise _refuse(spec, f"{_own(spec)} operands and {spec.n_outputs} outputs",
+        raise refuse(spec, f"{_own(spec)} operands and {spec.n_outputs} outputs",
                       "M, cond, N loop-carried values in; N loop-carried values and scan outputs out")
     k = _captures(spec)
     body = _compiled(spec, "body", 2 + n + k, 1 + n + scans)
@@ -210,12 +206,12 @@ class _ScanLayout:
     def __init__(self, spec: KernelSpec) -> None:
         m = spec.attr("num_scan_inputs")
         if m is None or int(m) < 1 or int(m) > _own(spec):
-            raise _refuse(spec, f"num_scan_inputs={m} with {_own(spec)} operands", "1 <= num_scan_inputs <= operands")
+            raise refuse(spec, f"num_scan_inputs={m} with {_own(spec)} operands", "1 <= num_scan_inputs <= operands")
         self.m = int(m)
         self.n = _own(spec) - self.m
         self.k = spec.n_outputs - self.n
         if self.k < 0:
-            raise _refuse(spec, f"{spec.n_outputs} outputs for {self.n} state values", "one output per state value, then scan outputs")
+            raise refuse(spec, f"{spec.n_outputs} outputs for {self.n} state values", "one output per state value, then scan outputs")
         self.in_axes = self._ints(spec, "scan_input_axes", self.m, 0)
         self.in_rev = [d == 1 for d in self._ints(spec, "scan_input_directions", self.m, 0, directions=True)]
         self.out_axes = self._ints(spec, "scan_output_axes", self.k, 0)
@@ -226,9 +222,9 @@ class _ScanLayout:
         value = spec.attr(key)
         values = [default] * n if value is None else [int(v) for v in value]
         if len(values) != n:
-            raise _refuse(spec, f"{key}={values} for {n} values", f"one entry per value ({n})")
+            raise refuse(spec, f"{key}={values} for {n} values", f"one entry per value ({n})")
         if directions and any(v not in (0, 1) for v in values):
-            raise _refuse(spec, f"{key}={values}", "0 (forward) or 1 (reverse)")
+            raise refuse(spec, f"{key}={values}", "0 (forward) or 1 (reverse)")
         return values
 
 

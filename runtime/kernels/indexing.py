@@ -11,30 +11,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..errors import UnsupportedOpError
-from .registry import KernelSpec, OutputShapes, Run, norm_axis, register, same_as_input
+from .registry import KernelSpec, OutputShapes, Run, check_attrs, flag, norm_axis, refuse, register, same_as_input
 
 
 # ---------------------------------------------------------------- shared checks
-
-def refuse(spec: KernelSpec, what: str, supported: str) -> UnsupportedOpError:
-    """The error for an attribute or operand combination this kernel does not compute."""
-    return UnsupportedOpError(f"node {spec.name!r} ({spec.op}): {what}; supported: {supported}")
-
-
-def check_attrs(spec: KernelSpec, known: set[str]) -> None:
-    """Refuse attributes the op's kernel would ignore: a newer opset's meaning must not be dropped."""
-    extra = sorted(set(spec.attrs) - known)
-    if extra:
-        raise refuse(spec, f"attributes {extra} are not understood", f"attributes {sorted(known) or 'none'}")
-
-
-def flag(spec: KernelSpec, key: str, default: int = 0) -> bool:
-    v = spec.attr(key, default)
-    if v not in (0, 1):
-        raise refuse(spec, f"{key}={v!r}", f"{key} 0 or 1")
-    return bool(v)
-
 
 def scalar_int(x: np.ndarray) -> int:
     """A scalar or one-element operand (converters emit both forms) as a Python int."""

@@ -9,8 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import parallel
-from .indexing import check_attrs, refuse
-from .registry import KernelSpec, Run, register, same_as_input
+from .registry import KernelSpec, Run, check_attrs, refuse, register, same_as_input
 
 
 def _size(dims: tuple[int, ...]) -> int:

@@ -24,9 +24,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..errors import UnsupportedOpError
 from . import activations, blas, jit, parallel
-from .registry import KernelSpec, OutputShapes, Run, register
+from .registry import KernelSpec, OutputShapes, Run, flag, refuse, register
 
 GATES = {"RNN": 1, "GRU": 3, "LSTM": 4}  # rows of W and R per hidden unit
 _DEFAULT_ACTS = {"RNN": ("Tanh",), "GRU": ("Sigmoid", "Tanh"), "LSTM": ("Sigmoid", "Tanh", "Tanh")}
@@ -59,10 +58,6 @@ _ACT_KINDS = {k.name.lower(): k for k in (
 )}
 
 
-def _refuse(spec: KernelSpec, what: str, supported: str) -> UnsupportedOpError:
-    return UnsupportedOpError(f"node {spec.name!r} ({spec.op}): {what}; supported: {supported}")
-
-
 # ---------------------------------------------------------------- attributes
 
 @dataclass(frozen=True)
@@ -92,20 +87,13 @@ class Attrs:
         return all(list(row) == default for row in self.acts)
 
 
-def _flag(spec: KernelSpec, key: str) -> bool:
-    v = spec.attr(key, 0)
-    if v not in (0, 1):
-        raise _refuse(spec, f"{key}={v!r}", "0 or 1")
-    return bool(v)
-
-
 def _activations(spec: KernelSpec, directions: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     per = len(_DEFAULT_ACTS[spec.op])
     names = list(spec.attr("activations") or _DEFAULT_ACTS[spec.op] * directions)
     if spec.op == "RNN" and directions == 1 and len(names) == 2:
         names = names[:1]  # the ONNX schema's own default lists two; onnxruntime takes the first
     if len(names) != per * directions:
-        raise _refuse(spec, f"activations={names} for {directions} direction(s)",
+        raise refuse(spec, f"activations={names} for {directions} direction(s)",
                       f"{per} per direction ({', '.join(_DEFAULT_ACTS[spec.op])} by default)")
     alphas = list(spec.attr("activation_alpha") or [])
     betas = list(spec.attr("activation_beta") or [])
@@ -113,7 +101,7 @@ def _activations(spec: KernelSpec, directions: int) -> tuple[np.ndarray, np.ndar
     for name in names:
         kind = _ACT_KINDS.get(str(name).lower())
         if kind is None:
-            raise _refuse(spec, f"activation {name!r}", ", ".join(k.name for k in _ACT_KINDS.values()))
+            raise refuse(spec, f"activation {name!r}", ", ".join(k.name for k in _ACT_KINDS.values()))
         a: float | None = 0.0
         b: float | None = 0.0
         if kind.takes_alpha:  # consumed in order, only by the activations that take one
@@ -121,7 +109,7 @@ def _activations(spec: KernelSpec, directions: int) -> tuple[np.ndarray, np.ndar
         if kind.takes_beta:
             b = float(betas.pop(0)) if betas else kind.beta
         if a is None or b is None:
-            raise _refuse(spec, f"activation {kind.name} without activation_alpha/activation_beta values for it",
+            raise refuse(spec, f"activation {kind.name} without activation_alpha/activation_beta values for it",
                           f"{kind.name} with both given (it has no defaults)")
         codes.append(kind.code)
         al.append(a)
@@ -134,21 +122,21 @@ def parse_attrs(spec: KernelSpec) -> Attrs:
     """The node's attributes, or UnsupportedOpError naming the node and what is supported."""
     direction = spec.attr("direction", "forward")
     if direction not in _DIRECTIONS:
-        raise _refuse(spec, f"direction={direction!r}", ", ".join(_DIRECTIONS))
+        raise refuse(spec, f"direction={direction!r}", ", ".join(_DIRECTIONS))
     directions = 2 if direction == "bidirectional" else 1
     layout = spec.attr("layout", 0)
     if layout not in (0, 1):
-        raise _refuse(spec, f"layout={layout!r}", "0 (sequence first) or 1 (batch first)")
+        raise refuse(spec, f"layout={layout!r}", "0 (sequence first) or 1 (batch first)")
     hidden = spec.attr("hidden_size")
     if hidden is not None and (not isinstance(hidden, int) or hidden < 1):
-        raise _refuse(spec, f"hidden_size={hidden!r}", "a positive integer")
+        raise refuse(spec, f"hidden_size={hidden!r}", "a positive integer")
     clip = spec.attr("clip")
     if clip is not None and not (float(clip) > 0):
-        raise _refuse(spec, f"clip={clip!r}", "a positive threshold, or no clip attribute")
-    input_forget = _flag(spec, "input_forget") if spec.op == "LSTM" else False
-    lbr = _flag(spec, "linear_before_reset") if spec.op == "GRU" else False
+        raise refuse(spec, f"clip={clip!r}", "a positive threshold, or no clip attribute")
+    input_forget = flag(spec, "input_forget") if spec.op == "LSTM" else False
+    lbr = flag(spec, "linear_before_reset") if spec.op == "GRU" else False
     if spec.n_outputs > _N_OUTPUTS[spec.op]:
-        raise _refuse(spec, f"{spec.n_outputs} outputs", f"at most {_N_OUTPUTS[spec.op]}")
+        raise refuse(spec, f"{spec.n_outputs} outputs", f"at most {_N_OUTPUTS[spec.op]}")
     acts, alphas, betas = _activations(spec, directions)
     reverse = (direction == "reverse",) if directions == 1 else (False, True)
     return Attrs(spec.op, directions, reverse, hidden, layout, float(clip or 0.0), acts, alphas, betas, input_forget, lbr)
@@ -764,5 +752,5 @@ def recurrent(spec: KernelSpec) -> Run:
         try:
             fixed = prepare_weights(spec.name, a, w, r, b, p, _compute_dtype(w.dtype))
         except ValueError as e:
-            raise _refuse(spec, str(e), "weights shaped as the ONNX operator defines them") from None
+            raise refuse(spec, str(e), "weights shaped as the ONNX operator defines them") from None
     return _Runner(spec, a, fixed)

@@ -146,6 +146,28 @@ def lookup(op: str, device: str = HOST, node: str | None = None) -> KernelDef:
         ) from None
 
 
+# ---- attribute checks shared by many kernels ----
+
+def refuse(spec: KernelSpec, what: str, supported: str) -> UnsupportedOpError:
+    """The error for an attribute or operand combination this kernel does not compute."""
+    return UnsupportedOpError(f"node {spec.name!r} ({spec.op}): {what}; supported: {supported}")
+
+
+def check_attrs(spec: KernelSpec, known: set[str]) -> None:
+    """Refuse attributes the op's kernel would ignore: a newer opset's meaning must not be dropped."""
+    extra = sorted(set(spec.attrs) - known)
+    if extra:
+        raise refuse(spec, f"attributes {extra} are not understood", f"attributes {sorted(known) or 'none'}")
+
+
+def flag(spec: KernelSpec, key: str, default: int = 0) -> bool:
+    """A 0/1 attribute as a bool; anything else refused."""
+    v = spec.attr(key, default)
+    if v not in (0, 1):
+        raise refuse(spec, f"{key}={v!r}", f"{key} 0 or 1")
+    return bool(v)
+
+
 # ---- shape-function helpers shared by many kernels ----
 
 def broadcast(*shapes: Shape) -> Shape:
