@@ -11,7 +11,7 @@ from __future__ import annotations
 import importlib.util
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from .errors import UnsupportedOpError
 from .graph import Graph, Node
@@ -24,19 +24,13 @@ FALLBACK = {"tensorrt": "cuda", "cuda": HOST, HOST: ONNXRUNTIME}
 KERNEL_DEVICES = (HOST, "cuda")  # devices whose kernels live in the kernel registry
 
 
-def subgraphs(node: Node) -> Iterator[Graph]:
-    for value in node.attrs.values():
-        if isinstance(value, Graph):
-            yield value
-
-
 def has_kernel(node: Node, device: str) -> bool:
     """`device` has a kernel for the node, and for every node of its sub-graphs (which run on the host)."""
     try:
         lookup(node.op, device)
     except UnsupportedOpError:
         return False
-    return all(has_kernel(inner, HOST) for sub in subgraphs(node) for inner in sub.nodes)
+    return all(has_kernel(inner, HOST) for sub in node.subgraphs().values() for inner in sub.nodes)
 
 
 def onnxruntime_installed() -> bool:
@@ -107,11 +101,10 @@ def place(graph: Graph, device: str, allow: tuple[str, ...] = ()) -> Coverage:
     return cov
 
 
-def place_segments(graph: Graph, device: str, backend_nodes: set[str], fallback: str = "cuda",
-                   allow: tuple[str, ...] = ()) -> Coverage:
+def place_segments(graph: Graph, device: str, backend_nodes: set[str], allow: tuple[str, ...] = ()) -> Coverage:
     """Coverage of a backend whose own support is a set of nodes (TensorRT's parser verdict, known
-    at build): those run on `device`, the rest where `fallback` would place them."""
-    rest = place(graph, fallback, allow)
+    at build): those run on `device`, the rest where its fallback would place them."""
+    rest = place(graph, FALLBACK[device], allow)
     placement = {n.name: device if n.name in backend_nodes else rest.placement[n.name] for n in graph.nodes}
     cov = Coverage(device, placement, rest.ops, missing=[n for n in rest.missing if n not in backend_nodes])
     cov.segments = _segments(graph, placement, device)

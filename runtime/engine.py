@@ -39,8 +39,8 @@ def build_engine(package_dir: str | os.PathLike[str], manifest: Manifest, target
     graph = load_package_graph(package_dir, manifest)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    options = dev.tune(graph, target, load_golden(package_dir, manifest))
-    coverage = build_coverage(load_package_graph(package_dir, manifest), target.backend, options)
+    options = dev.tune(graph, target, load_golden(package_dir, manifest))  # tuning works on copies
+    coverage = build_coverage(graph, target.backend, options)
     extra_files = options.pop("_files", {})
     for rel, data in extra_files.items():
         (out / rel).write_bytes(data)

@@ -4,7 +4,6 @@ flow), lowered and run by the host runtime, against TensorFlow's own outputs at 
 tolerance of runtime/accuracy.py, on fresh inputs at several batch sizes."""
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 from typing import Any
 
@@ -14,26 +13,10 @@ import pytest
 from kubetrt.runtime import load_model
 from kubetrt.runtime.accuracy import HOST, compare, tolerance_for
 from kubetrt.runtime.package import read_manifest
+from test_models import tf_outputs  # the TensorFlow signature, loaded once per SavedModel
 
 FAMILIES = ["unet", "resize", "lstm", "gru", "bidirectional", "cumsum", "control_flow"]
 FP32 = tolerance_for("fp32", HOST)
-
-
-@functools.lru_cache(maxsize=None)
-def _signature(savedmodel: Path) -> Any:
-    from kubetrt.pipeline.ingest import tensorflow
-
-    tf = tensorflow()
-    loaded = tf.saved_model.load(str(savedmodel))
-    return loaded, loaded.signatures["serving_default"]
-
-
-def tf_outputs(savedmodel: Path, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-    from kubetrt.pipeline.ingest import tensorflow
-
-    tf = tensorflow()
-    out = _signature(savedmodel)[1](**{k: tf.constant(v) for k, v in feeds.items()})
-    return {k: v.numpy() for k, v in out.items()}
 
 
 def feeds(package: Path, batch: int, seed: int, **sizes: tuple[int, ...]) -> dict[str, np.ndarray]:
