@@ -17,7 +17,7 @@ from .devices import get_device, resolve_target
 from .devices.tensorrt import SEGMENTS_KEY
 from .graph import Graph
 from .onnx_import import load_package_graph
-from .package import MODEL_ONNX, Manifest, PackageError, atomic_write_text, load_golden, sha256_file
+from .package import Manifest, PackageError, atomic_write_text, load_golden, model_file, sha256_file
 from .target import Target, TargetError
 
 ENGINE_JSON = "engine.json"
@@ -36,7 +36,7 @@ def build_engine(package_dir: str | os.PathLike[str], manifest: Manifest, target
     if not target.resolved:
         raise TargetError(f"target {target.spec()} must be resolved on this node before an engine is built")
     dev = get_device(target.backend)
-    graph = load_package_graph(package_dir, manifest)
+    graph = load_package_graph(package_dir, manifest, target.precision)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     options = dev.tune(graph, target, load_golden(package_dir, manifest))  # tuning works on copies
@@ -48,7 +48,8 @@ def build_engine(package_dir: str | os.PathLike[str], manifest: Manifest, target
         "key": target.key(),
         "target": target.to_json(),
         "backend": target.backend,
-        "model": {"name": manifest.name, "version": manifest.version, "onnx": manifest.files[MODEL_ONNX]},
+        "model": {"name": manifest.name, "version": manifest.version, "file": model_file(manifest, target.precision),
+                  "onnx": manifest.files[model_file(manifest, target.precision)]},
         "options": options,
         "files": {rel: sha256_file(out / rel) for rel in sorted(extra_files)},
         "coverage": coverage,
@@ -83,8 +84,9 @@ def read_engine(engine_dir: str | os.PathLike[str], manifest: Manifest) -> dict[
         if not p.is_file() or sha256_file(p) != digest:
             raise PackageError(f"{p}: engine file missing or its digest does not match {digest}; "
                                "the engine is corrupt or was modified")
-    if meta.get("model", {}).get("onnx") != manifest.files.get(MODEL_ONNX):
-        raise PackageError(f"{engine_dir}: engine was built from a different model.onnx than this package's")
+    source = model_file(manifest, target.precision)
+    if meta.get("model", {}).get("onnx") != manifest.files.get(source):
+        raise PackageError(f"{engine_dir}: engine was built from a different {source} than this package's")
     check_engine_fits_node(key, target)
     return dict(meta)
 

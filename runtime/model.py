@@ -128,7 +128,8 @@ def load_model(package_dir: str | os.PathLike[str], device: str = "host", *, eng
     name = resolve_device(device)
     dev = get_device(name)
     dev.check_available()
-    graph = load_package_graph(package_dir, manifest)
+    precision = str(engine["target"].get("precision", "fp32")) if engine else "fp32"
+    graph = load_package_graph(package_dir, manifest, precision)
     options = dict(engine.get("options", {})) if engine else {}
     if engine_dir is not None:
         options["engine_dir"] = str(engine_dir)

@@ -11,7 +11,7 @@ from onnx import helper, numpy_helper
 
 from .errors import InputError, RuntimeModelError
 from .graph import CAPTURES, Graph, Node, ValueInfo
-from .package import MODEL_ONNX, Manifest
+from .package import Manifest, model_file
 
 
 def _attr_value(a: onnx.AttributeProto) -> Any:
@@ -107,9 +107,10 @@ def load_onnx(path: str | os.PathLike[str]) -> Graph:
     return from_proto(model)
 
 
-def load_package_graph(package_dir: str | os.PathLike[str], manifest: Manifest) -> Graph:
-    """The package's model.onnx as a Graph, refused if the manifest names inputs it does not have."""
-    graph = load_onnx(Path(package_dir) / MODEL_ONNX)
+def load_package_graph(package_dir: str | os.PathLike[str], manifest: Manifest, precision: str = "fp32") -> Graph:
+    """The package's model for `precision` (model.onnx, or its Q/DQ twin for int8) as a Graph,
+    refused if the manifest names inputs it does not have."""
+    graph = load_onnx(Path(package_dir) / model_file(manifest, precision))
     names = {v.name for v in graph.inputs}
     missing = [t.name for t in manifest.inputs if t.name not in names]
     if missing:

@@ -21,7 +21,10 @@ SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 MODEL_ONNX = "model.onnx"
 GOLDEN = "golden.npz"
+MODEL_INT8_ONNX = "model.int8.onnx"  # explicitly quantized (Q/DQ) twin of model.onnx, present once calibrated
+HELDOUT = "heldout.npz"  # calibration data held out of calibration, with TensorFlow's fp32 outputs
 ENGINES = "engines"
+HELDOUT_LABELS = "labels"
 
 
 class PackageError(ValueError):
@@ -55,6 +58,8 @@ class Manifest:
     onnx: dict[str, Any] = field(default_factory=dict)  # opset, ...
     golden: dict[str, Any] = field(default_factory=dict)  # batch_sizes, seed
     engines: list[dict[str, Any]] = field(default_factory=list)  # {key, path, backend, ...}
+    quantization: dict[str, Any] = field(default_factory=dict)  # how MODEL_INT8_ONNX was calibrated
+    heldout: dict[str, Any] = field(default_factory=dict)  # samples, labels, source of HELDOUT
     schema_version: int = SCHEMA_VERSION
 
     def engine_entry(self, key: str | None) -> dict[str, Any] | None:
@@ -74,6 +79,8 @@ class Manifest:
             "onnx": self.onnx,
             "golden": self.golden,
             "engines": self.engines,
+            **({"quantization": self.quantization} if self.quantization else {}),
+            **({"heldout": self.heldout} if self.heldout else {}),
         }
 
     @classmethod
@@ -96,6 +103,8 @@ class Manifest:
                 onnx=dict(d.get("onnx", {})),
                 golden=dict(d.get("golden", {})),
                 engines=list(d.get("engines", [])),
+                quantization=dict(d.get("quantization", {})),
+                heldout=dict(d.get("heldout", {})),
                 schema_version=version,
             )
         except PackageError:
@@ -164,6 +173,57 @@ def open_package(package_dir: str | os.PathLike[str], verify: bool = True) -> Ma
     if verify:
         verify_files(package_dir, manifest)
     return manifest
+
+
+def model_file(manifest: Manifest, precision: str) -> str:
+    """The ONNX file an engine of `precision` is built from: the Q/DQ model for int8, else model.onnx."""
+    if precision != "int8":
+        return MODEL_ONNX
+    if MODEL_INT8_ONNX not in manifest.files:
+        raise PackageError(
+            f"model {manifest.name} v{manifest.version} has no INT8 model: int8 needs calibration data. Lower it "
+            "with --calibration DATA (an .npz with one array per model input, a directory of .npy files, or a "
+            "directory of images)")
+    return MODEL_INT8_ONNX
+
+
+@dataclass(frozen=True)
+class HeldOut:
+    """Inputs kept out of calibration, TensorFlow's fp32 outputs for them and, if given, task labels."""
+
+    inputs: dict[str, np.ndarray]
+    outputs: dict[str, np.ndarray]
+    labels: np.ndarray | None = None
+
+    @property
+    def samples(self) -> int:
+        return int(next(iter(self.inputs.values())).shape[0])
+
+
+def save_heldout(path: str | os.PathLike[str], heldout: HeldOut) -> None:
+    arrays = {f"input.{k}": v for k, v in heldout.inputs.items()} | {f"output.{k}": v for k, v in heldout.outputs.items()}
+    if heldout.labels is not None:
+        arrays[HELDOUT_LABELS] = heldout.labels
+    with open(path, "wb") as f:
+        np.savez(f, allow_pickle=False, **arrays)
+
+
+def load_heldout(package_dir: str | os.PathLike[str], manifest: Manifest) -> HeldOut | None:
+    """The package's held-out data, None when it was lowered without calibration data."""
+    if HELDOUT not in manifest.files:
+        return None
+    path = Path(package_dir) / HELDOUT
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            data = {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise PackageError(f"{path}: corrupt held-out file ({e})") from e
+    try:
+        inputs = {t.name: data[f"input.{t.name}"] for t in manifest.inputs}
+        outputs = {t.name: data[f"output.{t.name}"] for t in manifest.outputs}
+    except KeyError as e:
+        raise PackageError(f"{path}: held-out data lacks {e}") from e
+    return HeldOut(inputs, outputs, data.get(HELDOUT_LABELS))
 
 
 def golden_key(batch: int, kind: str, name: str) -> str:

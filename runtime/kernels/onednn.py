@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,6 +32,7 @@ _MAX_DIMS = 12
 _Dims = ctypes.c_int64 * _MAX_DIMS
 _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
+_ARG_ATTR_SCALES = 4096  # | the argument it scales
 MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call costs more than NumPy's
 _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 136, 255
 
@@ -68,6 +70,8 @@ def _load() -> ctypes.CDLL | None:
         "dnnl_primitive_attr_destroy": ([p], i),
         "dnnl_primitive_attr_set_scratchpad_mode": ([p, i], i),
         "dnnl_primitive_attr_set_post_ops": ([p, p], i),
+        "dnnl_primitive_attr_set_scales_mask": ([p, i, i], i),
+        "dnnl_get_effective_cpu_isa": ([], i),
         "dnnl_post_ops_create": ([pp], i),
         "dnnl_post_ops_destroy": ([p], i),
         "dnnl_post_ops_append_sum": ([p, f, ctypes.c_int32, i], i),
@@ -93,6 +97,9 @@ def _load() -> ctypes.CDLL | None:
 
 _lib = _load()
 AVAILABLE = _lib is not None
+_ISA_VNNI = (0x8, 0x40)  # dnnl_cpu_isa_t bits of avx2_vnni(_2) and avx512_core_vnni and their successors
+# Integer dot products without int16 intermediates (VNNI): no saturation for any int8 operands.
+EXACT_INT8 = AVAILABLE and any(_lib.dnnl_get_effective_cpu_isa() & bit for bit in _ISA_VNNI)  # type: ignore[union-attr]
 
 
 def _enum(kind: str, name: str, limit: int = 1024) -> int:
@@ -114,6 +121,7 @@ class _Library:
 
     def __init__(self) -> None:
         self.f32 = _enum("dt", "f32")
+        self.dtypes = {np.dtype(t): _enum("dt", n) for t, n in ((np.float32, "f32"), (np.int8, "s8"), (np.uint8, "u8"))}
         self.tag_any, self.tag_a, self.tag_ab = _enum("fmt_tag", "any"), _enum("fmt_tag", "a"), _enum("fmt_tag", "ab")
         self.tag_abcd, self.tag_acdb, self.tag_abcde = _enum("fmt_tag", "abcd"), _enum("fmt_tag", "acdb"), _enum("fmt_tag", "abcde")
         self.inference = _enum("prop_kind", "forward_inference")
@@ -194,12 +202,13 @@ class _Primitive:
     """A primitive and its argument slots; each thread binds its own memory objects once and then
     only swaps the data pointers that changed before executing: no per-call memory objects."""
 
-    def __init__(self, pd: ctypes.c_void_p, args: list[int]) -> None:
+    def __init__(self, pd: ctypes.c_void_p, args: list[int], own: list[tuple[int, Any]] | None = None) -> None:
         lib = _lib
         self.pd = pd
+        self._own_mds = [md for _, md in own or []]  # descriptors this primitive made itself (scales)
         self.handle = ctypes.c_void_p()
         _check(lib.dnnl_primitive_create(ctypes.byref(self.handle), pd), "primitive_create")  # type: ignore[union-attr]
-        self.slots = [(a, lib.dnnl_primitive_desc_query_md(pd, _QUERY_EXEC_ARG_MD, a)) for a in args]  # type: ignore[union-attr]
+        self.slots = [(a, lib.dnnl_primitive_desc_query_md(pd, _QUERY_EXEC_ARG_MD, a)) for a in args] + list(own or [])  # type: ignore[union-attr]
         self.scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)  # type: ignore[union-attr]
         self.scratch_bytes = int(lib.dnnl_memory_desc_get_size(self.scratch_md)) if self.scratch_md else 0  # type: ignore[union-attr]
         self._local = threading.local()
@@ -226,6 +235,8 @@ class _Primitive:
             self.__dict__.pop("_local", None)  # this primitive's per-thread memories go first
             _lib.dnnl_primitive_destroy(self.handle)
             _lib.dnnl_primitive_desc_destroy(self.pd)
+            for md in self._own_mds:
+                _lib.dnnl_memory_desc_destroy(md)
 
 
 def activation_post_op(act: Act | None) -> Eltwise | None | bool:
@@ -239,23 +250,51 @@ def activation_post_op(act: Act | None) -> Eltwise | None | bool:
     return False if post is None else post
 
 
+@dataclass(frozen=True)
+class Quantized:
+    """The integer side of a quantized convolution or matmul (explicit Q/DQ, symmetric: no zero
+    points): int8/uint8 source, int8 weights with one scale per output channel, and a float32
+    result or one requantized to int8/uint8 in the same call. A residual summed in place has
+    the destination's width and its own scale."""
+
+    src: np.dtype
+    src_scale: float
+    w_scales: np.ndarray
+    dst: np.dtype = _F32
+    dst_scale: float | None = None
+    residual: np.dtype | None = None
+    residual_scale: float = 1.0
+
+
 class _FusedOp:
     """What Conv2D and Dense share: a primitive per input shape (created on first use), weights
     reordered once into each layout a primitive prefers, bias/residual-sum/activation post-ops,
-    and the call that writes the result into a fresh buffer or the dying residual's."""
+    scales when quantized, and the call that writes the result into a fresh buffer or the dying
+    residual's."""
 
     kind = "op"
+    w_scale_mask = 1  # the weights' output-channel dim as a oneDNN mask bit
 
     def __init__(self, w: np.ndarray, w_dims: tuple[int, ...], w_tag: int, bias: np.ndarray | None,
-                 activation: Eltwise | None, residual: bool, name: str) -> None:
+                 activation: Eltwise | None, residual: bool, name: str, quant: Quantized | None = None) -> None:
         self.name = name
-        self.w = np.ascontiguousarray(w, dtype=np.float32)
+        self.quant = quant
+        self.w = np.ascontiguousarray(w, dtype=np.int8 if quant is not None else np.float32)
         self.w_dims, self.w_tag = w_dims, w_tag
         self.bias = None if bias is None else np.ascontiguousarray(bias, dtype=np.float32)
         self.activation, self.residual = activation, residual
+        self.src_dtype = np.dtype(quant.src) if quant is not None else _F32
+        self.dst_dtype = np.dtype(quant.dst) if quant is not None else _F32
+        self._scales: list[tuple[int, np.ndarray]] = [] if quant is None else [
+            (_ARG_SRC, np.array([quant.src_scale], np.float32)),
+            (_ARG_WEIGHTS, np.ascontiguousarray(quant.w_scales, dtype=np.float32).reshape(-1)),
+        ] + ([] if quant.dst_scale is None else [(_ARG_DST, np.array([quant.dst_scale], np.float32))])
         self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], np.ndarray]] = {}  # primitive, constant pointers, weights
         self._weights: list[tuple[Any, np.ndarray]] = []  # (memory desc clone, reordered weights)
         self._lock = threading.Lock()
+
+    def _dt(self, dtype: np.dtype) -> int:
+        return _library().dtypes[np.dtype(dtype)]
 
     def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
         raise NotImplementedError
@@ -265,7 +304,7 @@ class _FusedOp:
             if _lib.dnnl_memory_desc_equal(md, want_md):  # type: ignore[union-attr]
                 return buf
         lib, st = _lib, _library()
-        user_md = _md(self.w_dims, st.f32, self.w_tag)
+        user_md = _md(self.w_dims, self._dt(self.w.dtype), self.w_tag)
         buf = _aligned(int(lib.dnnl_memory_desc_get_size(want_md)))  # type: ignore[union-attr]
         pd = ctypes.c_void_p()
         try:
@@ -278,6 +317,21 @@ class _FusedOp:
         self._weights.append((kept, buf))
         return buf
 
+    def _attributes(self, attr: ctypes.c_void_p, post: ctypes.c_void_p) -> None:
+        lib, st = _lib, _library()
+        _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
+        for arg, values in self._scales:
+            mask = 0 if arg != _ARG_WEIGHTS or values.size == 1 else self.w_scale_mask
+            _check(lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales_mask")  # type: ignore[union-attr]
+        if self.residual:
+            q = self.quant
+            dt, scale = (self.dst_dtype, 1.0) if q is None or q.residual is None else (np.dtype(q.residual), q.residual_scale)
+            _check(lib.dnnl_post_ops_append_sum(post, scale, 0, self._dt(dt)), "post_ops sum")  # type: ignore[union-attr]
+        if self.activation is not None:
+            kind, alpha, beta = self.activation
+            _check(lib.dnnl_post_ops_append_eltwise(post, st.alg_kind(kind), alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
+        _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
+
     def _primitive(self, key: tuple[int, ...]) -> tuple[_Primitive, list[int], np.ndarray]:
         found = self._shapes.get(key)
         if found is not None:
@@ -285,42 +339,41 @@ class _FusedOp:
         with self._lock:
             if key in self._shapes:
                 return self._shapes[key]
-            lib, st = _lib, _library()
+            lib = _lib
             attr, post = ctypes.c_void_p(), ctypes.c_void_p()
             _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
-            _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
             _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
             try:
-                if self.residual:
-                    _check(lib.dnnl_post_ops_append_sum(post, 1.0, 0, st.f32), "post_ops sum")  # type: ignore[union-attr]
-                if self.activation is not None:
-                    kind, alpha, beta = self.activation
-                    _check(lib.dnnl_post_ops_append_eltwise(post, st.alg_kind(kind), alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
-                _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
+                self._attributes(attr, post)
                 pd = self._descriptor(key, attr)
             finally:
                 lib.dnnl_post_ops_destroy(post)  # type: ignore[union-attr]
                 lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
-            prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []))
+            scale_slots = [(_ARG_ATTR_SCALES | arg, _md((values.size,), _library().f32, _library().tag_a)) for arg, values in self._scales]
+            prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []), scale_slots)
             weights = self._reordered(prim.md(_ARG_WEIGHTS))
             consts = [weights.ctypes.data] + ([self.bias.ctypes.data] if self.bias is not None else [])
+            consts += [values.ctypes.data for _, values in self._scales]
             self._shapes[key] = (prim, consts, weights)
             return self._shapes[key]
 
     def _run(self, key: tuple[int, ...], x: np.ndarray, shape: tuple[int, ...], residual: np.ndarray | None, overwrite_residual: bool) -> np.ndarray:
         prim, const_ptrs, _ = self._primitive(key)
+        if x.dtype != self.src_dtype:
+            raise ValueError(f"{self.kind} {self.name}: expected a {self.src_dtype} input, got {x.dtype}")
         if self.residual:
             if residual is None:
                 raise ValueError(f"{self.kind} {self.name}: built with a residual sum, but no residual was passed")
-            if residual.shape != shape:
-                raise ValueError(f"{self.kind} {self.name}: residual shape {residual.shape} differs from output {shape}")
-            if overwrite_residual and residual.flags.writeable and residual.flags.c_contiguous and residual.dtype == _F32:
+            if residual.shape != shape or residual.dtype.itemsize != self.dst_dtype.itemsize:
+                raise ValueError(f"{self.kind} {self.name}: residual {residual.dtype}{list(residual.shape)} does not fit "
+                                 f"the output {self.dst_dtype}{list(shape)}")
+            if overwrite_residual and residual.flags.writeable and residual.flags.c_contiguous and residual.dtype == self.dst_dtype:
                 out = residual
             else:
-                out = np.empty(shape, dtype=_F32)
-                np.copyto(out, residual)
+                out = np.empty(shape, dtype=self.dst_dtype)
+                np.copyto(out.view(residual.dtype), residual)
         else:
-            out = np.empty(shape, dtype=_F32)
+            out = np.empty(shape, dtype=self.dst_dtype)
         prim.execute([x.ctypes.data, out.ctypes.data, *const_ptrs])
         return out
 
@@ -343,16 +396,19 @@ def _descriptor_with(mds: list[ctypes.c_void_p | None], create: Any) -> ctypes.c
 
 
 class Conv2D(_FusedOp):
-    """A float32 2-D convolution (NHWC or NCHW activations, ONNX OIHW weights), grouped or not."""
+    """A 2-D convolution (NHWC or NCHW activations, ONNX OIHW weights), grouped or not: float32,
+    or int8/uint8 x int8 with `quant`."""
 
     kind = "Conv"
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, group: int, strides: list[int], dil: list[int],
-                 activation: Eltwise | None, residual: bool, layout: str = "nhwc", name: str = "conv") -> None:
+                 activation: Eltwise | None, residual: bool, layout: str = "nhwc", name: str = "conv",
+                 quant: Quantized | None = None) -> None:
         st = _library()
         o, cg, kh, kw = w.shape
         dims, tag = ((o, cg, kh, kw), st.tag_abcd) if group == 1 else ((group, o // group, cg, kh, kw), st.tag_abcde)
-        super().__init__(w, dims, tag, bias, activation, residual, name)
+        self.w_scale_mask = 1 if group == 1 else 3  # (O, ...) or (G, O/G, ...)
+        super().__init__(w, dims, tag, bias, activation, residual, name, quant)
         self.nhwc = layout == "nhwc"
         self.group, self.strides, self.dil = group, list(strides), list(dil)
 
@@ -361,8 +417,8 @@ class Conv2D(_FusedOp):
         n, h, wd, oh, ow, pt, pl, pb, pr = key
         o, cg = self.w.shape[:2]
         tag = st.tag_acdb if self.nhwc else st.tag_abcd
-        mds = [_md((n, cg * self.group, h, wd), st.f32, tag), _md(self.w_dims, st.f32, st.tag_any),
-               _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), st.f32, tag)]
+        mds = [_md((n, cg * self.group, h, wd), self._dt(self.src_dtype), tag), _md(self.w_dims, self._dt(self.w.dtype), st.tag_any),
+               _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), self._dt(self.dst_dtype), tag)]
 
         def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
             _check(lib.dnnl_convolution_forward_primitive_desc_create(  # type: ignore[union-attr]
@@ -374,8 +430,8 @@ class Conv2D(_FusedOp):
                  residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         """y = act(conv(x) + bias [+ residual]) in this convolution's layout. With overwrite_residual
         the sum lands in the residual's own buffer (the executor says when it is dying)."""
-        if x.dtype != _F32 or x.ndim != 4:
-            raise ValueError(f"Conv {self.name}: expected a 4-D float32 input, got {x.dtype} of shape {x.shape}")
+        if x.dtype != self.src_dtype or x.ndim != 4:
+            raise ValueError(f"Conv {self.name}: expected a 4-D {self.src_dtype} input, got {x.dtype} of shape {x.shape}")
         n, h, wd, c = x.shape if self.nhwc else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
         o, cg = self.w.shape[:2]
         if c != cg * self.group:
@@ -386,20 +442,22 @@ class Conv2D(_FusedOp):
 
 
 class Dense(_FusedOp):
-    """y = act(a @ w + bias [+ residual]) for float32 a (..., K) and constant w (K, N)."""
+    """y = act(a @ w + bias [+ residual]) for a (..., K) and constant w (K, N): float32, or
+    int8/uint8 x int8 with `quant`."""
 
     kind = "MatMul"
+    w_scale_mask = 2  # N, the second dim of (K, N)
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, activation: Eltwise | None,
-                 residual: bool, name: str = "matmul") -> None:
-        super().__init__(w, tuple(w.shape), _library().tag_ab, bias, activation, residual, name)
+                 residual: bool, name: str = "matmul", quant: Quantized | None = None) -> None:
+        super().__init__(w, tuple(w.shape), _library().tag_ab, bias, activation, residual, name, quant)
 
     def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
         lib, st = _lib, _library()
         (m,) = key
         k, n = self.w_dims
-        mds = [_md((m, k), st.f32, st.tag_ab), _md((k, n), st.f32, st.tag_any),
-               _md((1, n), st.f32, st.tag_ab) if self.bias is not None else None, _md((m, n), st.f32, st.tag_ab)]
+        mds = [_md((m, k), self._dt(self.src_dtype), st.tag_ab), _md((k, n), self._dt(self.w.dtype), st.tag_any),
+               _md((1, n), st.f32, st.tag_ab) if self.bias is not None else None, _md((m, n), self._dt(self.dst_dtype), st.tag_ab)]
 
         def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
             _check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
@@ -407,8 +465,8 @@ class Dense(_FusedOp):
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         k, n = self.w_dims
-        if a.dtype != _F32 or a.ndim < 1 or a.shape[-1] != k:
-            raise ValueError(f"MatMul {self.name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
+        if a.dtype != self.src_dtype or a.ndim < 1 or a.shape[-1] != k:
+            raise ValueError(f"MatMul {self.name}: expected a {self.src_dtype} input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
         rows = np.ascontiguousarray(a).reshape(-1, k)
         return self._run((rows.shape[0],), rows, a.shape[:-1] + (n,), residual, overwrite_residual)
 

@@ -6,18 +6,22 @@ from .constant_folding import fold_constants
 from .dce import eliminate_dead_nodes
 from .fusion import fuse
 from .layout import to_nhwc
+from . import quantization
 from .shape_inference import infer_shapes
 
-PIPELINE = ("infer_shapes", "fold_constants", "fuse", "to_nhwc", "eliminate_dead_nodes", "infer_shapes")
+PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "to_nhwc",
+            "eliminate_dead_nodes", "infer_shapes")
 
 
 def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     """All passes in order. `layout=False` keeps NCHW (device runtimes whose kernels are NCHW)."""
     infer_shapes(graph)
+    quantization.prepare(graph)  # before folding turns int8 weights back into float ones
     fold_constants(graph)
     infer_shapes(graph)
     if fusion:
         toposort(fuse(graph))
+        quantization.requantize(graph)
         if layout:
             infer_shapes(graph)
             toposort(to_nhwc(graph))

@@ -1,5 +1,6 @@
 """Fusion: fold per-channel affine ops into convolution weights, then fuse bias, residual and
-activation epilogues into FusedConv / FusedMatMul so each tensor is written once, not four times.
+activation epilogues into FusedConv / FusedMatMul (and the integer QConv / QMatMul) so each
+tensor is written once, not four times.
 
 A producer is fused only when its output has exactly one consumer and is not a graph output, so
 no intermediate that someone else reads ever disappears.
@@ -163,7 +164,9 @@ def fuse_epilogues(graph: Graph) -> bool:
         if node.op == "MatMul" and (w := _const(graph, node.inputs[1])) is not None and w.ndim == 2:
             node.op = "FusedMatMul"
             node.inputs = node.inputs + [""]
-        if node.op not in ("FusedConv", "FusedMatMul") or node.attrs.get("activation"):
+        if node.op == "QMatMul" and len(node.inputs) == 2:
+            node.inputs = node.inputs + [""]
+        if node.op not in ("FusedConv", "FusedMatMul", "QConv", "QMatMul") or node.attrs.get("activation"):
             continue
         user = idx.sole_user(node.outputs[0])
         if user is None:
@@ -178,7 +181,7 @@ def fuse_epilogues(graph: Graph) -> bool:
         other = user.inputs[1] if user.inputs[0] == node.outputs[0] else user.inputs[0]
         c = _const(graph, other)
         if c is not None:  # bias
-            if node.op == "FusedMatMul" and c.ndim == 1 and not node.inputs[2]:
+            if node.op in ("FusedMatMul", "QMatMul") and c.ndim == 1 and not node.inputs[2]:
                 node.inputs[2] = other
                 idx.bypass(user, node)
                 return True

@@ -14,10 +14,11 @@ from ..graph import Graph, Node
 
 TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
-FAMILY = {"FusedConv": "FusedConvNHWC", "MaxPool": "MaxPoolNHWC", "AveragePool": "AveragePoolNHWC",
+FAMILY = {"FusedConv": "FusedConvNHWC", "QConv": "QConvNHWC", "MaxPool": "MaxPoolNHWC", "AveragePool": "AveragePoolNHWC",
           "GlobalAveragePool": "GlobalAveragePoolNHWC", "GlobalMaxPool": "GlobalMaxPoolNHWC"}
 UNARY = {"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Clip", "Gelu", "Elu", "Softplus",
-         "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Erf", "Identity", "Cast"}
+         "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Erf", "Identity", "Cast", "QuantizeLinear", "DequantizeLinear"}
+PER_TENSOR = {"QuantizeLinear", "DequantizeLinear"}  # layout-agnostic only with one scale for the whole tensor
 BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}
 MIN_FAMILY_NODES = 2  # one lone convolution is cheaper with no transposes at all
 
@@ -73,12 +74,12 @@ def _rank4(graph: Graph, value: str) -> bool:
 
 def to_nhwc(graph: Graph) -> Graph:
     family = [n for n in graph.nodes if n.op in FAMILY and _rank4(graph, n.inputs[0])
-              and (n.op != "FusedConv" or n.inputs[1] in graph.constants)]
+              and (n.op not in ("FusedConv", "QConv") or n.inputs[1] in graph.constants)]
     if len(family) < MIN_FAMILY_NODES:
         return graph
     rw = _Rewriter(graph)
     for node in family:
-        operands = [0, 3] if node.op == "FusedConv" else [0]
+        operands = [0, 3] if node.op in ("FusedConv", "QConv") else [0]
         for i in operands:
             if i < len(node.inputs) and node.inputs[i]:
                 t = rw.transpose(node.inputs[i], TO_NHWC)
@@ -135,6 +136,8 @@ def _sink_unary(rw: _Rewriter) -> bool:
         if node.op not in UNARY or len(node.outputs) != 1:
             continue
         if any(i and i not in rw.g.constants for i in node.inputs[1:]):
+            continue
+        if node.op in PER_TENSOR and rw.g.constants[node.inputs[1]].size != 1:
             continue
         t = rw.single_use_transpose(node.inputs[0])
         if t is not None:
