@@ -24,6 +24,17 @@ from kubetrt.operators.names import (API_VERSION, APP_NAME, DNS_LABEL_MAX, DNS_L
 from kubetrt.runtime.target import BACKENDS, PRECISIONS, BatchProfile
 
 GPU_BACKENDS = [b for b in BACKENDS if b != "host"]
+DEFAULT_PRECISION = "fp16"  # spec.optimization.precision when unset
+CALIBRATION_METHODS = ["minmax", "percentile", "entropy"]
+DEFAULT_CALIBRATION_METHOD = "entropy"
+DEFAULT_HOLDOUT_FRACTION = 0.2
+# One wording for the API server's CEL rule and the operator's own check (objects.validate_spec).
+INT8_NEEDS_CALIBRATION = ("int8 targets need spec.optimization.calibration.uri: where the calibration data the "
+                          "model package was quantized with (`kubetrt lower --calibration DATA`) lives, as "
+                          "s3://, gs://, file:// or pvc://<claim>/<path>")
+PERCENTILE_NEEDS_METHOD = "spec.optimization.calibration.percentile is only used with method percentile"
+HOLDOUT_FRACTION_RANGE = "spec.optimization.calibration.holdoutFraction must be greater than 0 and less than 1"
+PERCENTILE_RANGE = "spec.optimization.calibration.percentile must be greater than 0 and at most 100"
 BUILD_PHASES = ["Pending", "Running", "Succeeded", "Failed"]
 CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady"]
 
@@ -82,6 +93,39 @@ def _resources() -> dict[str, Any]:
 
 def _uri(description: str) -> dict[str, Any]:
     return _str(description, pattern=URI_PATTERN, minLength=6)
+
+
+def _cel(rule: str, message: str) -> dict[str, Any]:
+    """An x-kubernetes-validations entry (CEL, evaluated by the API server after defaulting)."""
+    return {"x-kubernetes-validations": [{"rule": rule, "message": message}]}
+
+
+def _calibration() -> dict[str, Any]:
+    # Exclusive bounds are CEL rules: OpenAPI v3.0 spells them exclusiveMinimum: true, which JSON Schema
+    # draft 6+ validators (the tests') read as the number 1.
+    return _obj("How the package's INT8 model was calibrated (`kubetrt lower --calibration`; the pipeline "
+                "copies it from the package manifest). Required when a target builds int8: the build "
+                "refuses a package calibrated with other data.", {
+        "uri": _uri("Where the calibration data lives: s3://, gs://, file:// or pvc://<claim>/<path>."),
+        "method": _str("Calibration method the activation ranges were taken with.", enum=CALIBRATION_METHODS,
+                       default=DEFAULT_CALIBRATION_METHOD),
+        "percentile": {"type": "number", "minimum": 0, "maximum": 100,
+                       "description": "Percentile of |activation| kept (method percentile only), e.g. 99.999.",
+                       **_cel("self > 0.0", PERCENTILE_RANGE)},
+        "holdoutFraction": {"type": "number", "minimum": 0, "maximum": 1, "default": DEFAULT_HOLDOUT_FRACTION,
+                            "description": "Fraction of the data held out of calibration to check accuracy on.",
+                            **_cel("self > 0.0 && self < 1.0", HOLDOUT_FRACTION_RANGE)},
+    }, required=["uri"], **_cel("!has(self.percentile) || (has(self.method) && self.method == 'percentile')",
+                                PERCENTILE_NEEDS_METHOD))
+
+
+def _int8_needs_calibration_rule() -> str:
+    """CEL over ModelDeployment.spec: a target building int8 (its own precision, else the default) needs
+    spec.optimization.calibration."""
+    default = (f"(has(self.optimization) && has(self.optimization.precision) ? self.optimization.precision "
+               f": '{DEFAULT_PRECISION}')")
+    return (f"!self.targets.exists(t, (has(t.precision) ? t.precision : {default}) == 'int8') || "
+            "(has(self.optimization) && has(self.optimization.calibration))")
 
 
 def _batch_profile() -> dict[str, Any]:
@@ -163,9 +207,11 @@ def model_deployment_spec_schema() -> dict[str, Any]:
         "serviceAccountName": _str("ServiceAccount for serving pods and build Jobs (e.g. for IRSA/Workload Identity).",
                                    pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", maxLength=253),
         "optimization": _obj("Engine build settings shared by all targets.", {
-            "precision": _str("Default precision for targets that do not set one.", enum=list(PRECISIONS), default="fp16"),
+            "precision": _str("Default precision for targets that do not set one.", enum=list(PRECISIONS),
+                              default=DEFAULT_PRECISION),
             "maxBatchSize": _int("Largest batch an engine is built for.", minimum=1, maximum=4096, default=32),
             "batchProfile": _batch_profile(),
+            "calibration": _calibration(),
         }, default={}),
         "targets": {
             "type": "array", "minItems": 1, "maxItems": 16,
@@ -191,7 +237,7 @@ def model_deployment_spec_schema() -> dict[str, Any]:
             "maxSurge": _int_or_string("Extra pods during a rollout (count or percentage).", default="25%"),
             "maxUnavailable": _int_or_string("Pods that may be unavailable during a rollout.", default=0),
         }, default={}),
-    }, required=["model", "store", "targets"])
+    }, required=["model", "store", "targets"], **_cel(_int8_needs_calibration_rule(), INT8_NEEDS_CALIBRATION))
 
 
 def model_deployment_status_schema() -> dict[str, Any]:
@@ -230,6 +276,8 @@ def engine_build_spec_schema() -> dict[str, Any]:
             "packageURI": _uri("Location of the lowered model package."),
             "digest": _str("Optional sha256 of the package manifest.", pattern=r"^sha256:[a-f0-9]{64}$"),
             "signature": _str("Signature.", default="serving_default"),
+            "calibrationURI": _uri("For int8 targets: the calibration data the package must have been quantized "
+                                   "with (passed to the build as --calibration)."),
         }, required=["name", "packageURI"]),
         "target": _obj("Where and how the engine is built.", {
             **_target_fields(),

@@ -130,8 +130,21 @@ def resolve_target(spec: Mapping[str, Any], target: Mapping[str, Any]) -> dict[s
     return t
 
 
+def _number_in(value: Any, low: float, high: float, include_high: bool = False) -> bool:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    return low < value < high or (include_high and value == high)
+
+
+def int8_targets(spec: Mapping[str, Any]) -> list[str]:
+    """Names of the targets that build int8 (their own precision, else spec.optimization.precision)."""
+    default = (spec.get("optimization") or {}).get("precision", crds.DEFAULT_PRECISION)
+    return [str(t.get("name")) for t in spec.get("targets", []) if t.get("precision", default) == "int8"]
+
+
 def validate_spec(spec: Mapping[str, Any]) -> list[str]:
-    """Checks the CRD schema cannot express (it rejects the rest before the operator sees it)."""
+    """Checks the CRD's JSON schema cannot express, and its CEL rules again (API servers without CEL
+    and test emulators do not evaluate them); the schema rejects the rest before the operator sees it."""
     errors = []
     names = [t.get("name") for t in spec.get("targets", [])]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -148,6 +161,19 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     auto = spec.get("autoscaling", {})
     if auto.get("enabled") and auto.get("minReplicas", 1) > auto.get("maxReplicas", 1):
         errors.append("autoscaling.minReplicas must not exceed maxReplicas")
+    calibration = spec.get("optimization", {}).get("calibration")
+    if calibration is None:
+        int8 = int8_targets(spec)
+        if int8:
+            errors.append(f"{crds.INT8_NEEDS_CALIBRATION} (int8 targets: {', '.join(int8)})")
+    else:
+        if "percentile" in calibration:
+            if calibration.get("method") != "percentile":
+                errors.append(crds.PERCENTILE_NEEDS_METHOD)
+            if not _number_in(calibration["percentile"], 0, 100, include_high=True):
+                errors.append(crds.PERCENTILE_RANGE)
+        if not _number_in(calibration.get("holdoutFraction", crds.DEFAULT_HOLDOUT_FRACTION), 0, 1):
+            errors.append(crds.HOLDOUT_FRACTION_RANGE)
     return errors
 
 
@@ -214,6 +240,12 @@ def _secret_env(secret: str | None) -> list[Obj]:
 
 
 # ----------------------------------------------------------------------------- EngineBuild + Job
+def _calibration_args(model: Mapping[str, Any]) -> list[str]:
+    """`--calibration URI`, passed verbatim: the build compares it with the URI the package records
+    (it reads no calibration data, so nothing is mounted)."""
+    return ["--calibration", model["calibrationURI"]] if model.get("calibrationURI") else []
+
+
 def engine_build(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any],
                  config: OperatorConfig) -> Obj:
     """The EngineBuild for one target of the current spec; its name is a hash of engine identity."""
@@ -227,6 +259,9 @@ def engine_build(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping
                 "signature": model["signature"]}
     if model.get("digest"):
         eb_model["digest"] = model["digest"]
+    if target["precision"] == "int8" and opt.get("calibration"):
+        # Part of engine identity for int8 only: other calibration data is another int8 model.
+        eb_model["calibrationURI"] = opt["calibration"]["uri"]
     store = dict(spec["store"])
     identity = {"model": eb_model, "target": {k: v for k, v in eb_target.items() if k != "name"},
                 "store": store["uri"]}
@@ -275,7 +310,7 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
         "image": spec["image"],
         "imagePullPolicy": spec.get("pullPolicy", config.pull_policy),
         "command": ["kubetrt", "build", "--package", package, "--target", engine_target(target).spec(),
-                    "--store", store, "--termination-log", TERMINATION_LOG],
+                    "--store", store, "--termination-log", TERMINATION_LOG, *_calibration_args(spec["model"])],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
         "resources": {"limits": dict(pin["gpu_limit"])} if pin["gpu_limit"] else {},

@@ -49,6 +49,23 @@ def crd_target(target: Target) -> dict[str, Any]:
     return out
 
 
+def calibration_spec(quantization: Mapping[str, Any]) -> dict[str, Any] | None:
+    """spec.optimization.calibration from a package manifest's quantization record (None when the
+    package was not calibrated): the data's URI, method, percentile and held-out fraction."""
+    record = quantization.get("calibration") or {}
+    source = record.get("source")
+    if not source:
+        return None
+    out: dict[str, Any] = {"uri": store_uri_for_cluster(str(source))}
+    if quantization.get("method"):
+        out["method"] = str(quantization["method"])
+    if quantization.get("method") == "percentile" and quantization.get("percentile") is not None:
+        out["percentile"] = float(quantization["percentile"])
+    if record.get("holdout") is not None:
+        out["holdoutFraction"] = float(record["holdout"])
+    return out
+
+
 def model_deployment(
     model_name: str,
     version: str,
@@ -59,10 +76,13 @@ def model_deployment(
     namespace: str | None = None,
     signature: str = "serving_default",
     replicas: int = 1,
+    quantization: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The ModelDeployment for these verified engines (EngineRecord objects or their JSON dicts).
 
     `store_uri` defaults to the root the engines were published to (their URI minus digest/key).
+    `quantization` is the package manifest's record: int8 engines need it, since the CRD requires
+    the calibration block for int8 targets.
     """
     records = [e.to_json() if hasattr(e, "to_json") else dict(e) for e in engines]
     if not records:
@@ -81,6 +101,17 @@ def model_deployment(
         targets.append({"name": name, **crd_target(target), "replicas": replicas})
         engines_ann[name] = r["key"]
     first = parsed[0].profile
+    optimization: dict[str, Any] = {
+        "precision": parsed[0].precision,
+        "maxBatchSize": first.max,
+        "batchProfile": {"min": first.min, "opt": first.opt, "max": first.max},
+    }
+    calibration = calibration_spec(quantization or {})
+    if calibration is not None:
+        optimization["calibration"] = calibration
+    elif any(t.precision == "int8" for t in parsed):
+        raise ValueError("int8 engines to deploy, but no calibration record: pass the package manifest's "
+                         "quantization (a package lowered with --calibration DATA records it)")
     name = dns_label(model_name)
     return {
         "apiVersion": API_VERSION,
@@ -102,11 +133,7 @@ def model_deployment(
                 "source": {"uri": store_uri_for_cluster(package_uri)},
             },
             "store": {"uri": store_uri_for_cluster(store_uri)},
-            "optimization": {
-                "precision": parsed[0].precision,
-                "maxBatchSize": first.max,
-                "batchProfile": {"min": first.min, "opt": first.opt, "max": first.max},
-            },
+            "optimization": optimization,
             "targets": targets,
         },
     }

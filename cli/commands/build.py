@@ -11,8 +11,13 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubetrt.operators.names import TERMINATION_LOG as DEFAULT_TERMINATION_LOG
+
+if TYPE_CHECKING:
+    from kubetrt.runtime.package import Manifest
+    from kubetrt.runtime.target import Target
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -24,7 +29,32 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--s3-endpoint", default=None, help="S3 endpoint URL (default: AWS_ENDPOINT_URL or AWS)")
     p.add_argument("--termination-log", default=None, metavar="PATH",
                    help=f"where to write the JSON result (default: {DEFAULT_TERMINATION_LOG} if it exists)")
+    p.add_argument("--calibration", default=None, metavar="URI",
+                   help="int8 targets: the calibration data the package must have been quantized with "
+                        "(refused before building when the package records other data); ignored otherwise")
     p.set_defaults(func=run)
+
+
+def check_calibration(manifest: Manifest, target: Target, calibration: str | None) -> None:
+    """Refuse, before any engine work, an int8 build the package cannot serve: no int8 model, or one
+    calibrated with other data than `calibration` (paths and file:// URIs of one file compare equal).
+
+    Raises PackageError; without `calibration` the package's own record says what calibrated it.
+    """
+    from kubetrt.pipeline.deploy import store_uri_for_cluster
+    from kubetrt.runtime.package import PackageError, model_file
+
+    if target.precision != "int8":
+        return
+    model_file(manifest, target.precision)
+    if calibration is None:
+        return
+    recorded = str((manifest.quantization.get("calibration") or {}).get("source") or "")
+    if not recorded or store_uri_for_cluster(recorded).rstrip("/") != store_uri_for_cluster(calibration).rstrip("/"):
+        raise PackageError(
+            f"model {manifest.name} v{manifest.version} was calibrated with {recorded or 'unrecorded data'}, "
+            f"but this build asks for calibration data {calibration}: lower the model again with "
+            f"--calibration {calibration}, or set the calibration URI to {recorded or 'the data it was lowered with'}")
 
 
 def _write_result(path: str | None, result: dict) -> None:
@@ -39,12 +69,19 @@ def run(args: argparse.Namespace) -> int:
     from kubetrt.pipeline.stages import build_verify_publish
     from kubetrt.pipeline.store import fetch_package_uri, open_store
     from kubetrt.pipeline.verify import VerificationError
+    from kubetrt.runtime.package import PackageError, read_manifest
     from kubetrt.runtime.target import parse_target
 
     target = parse_target(args.target)
     store = open_store(args.store, s3_endpoint=args.s3_endpoint)
     with tempfile.TemporaryDirectory(prefix="kubetrt-build-") as tmp:
         package = fetch_package_uri(args.package, Path(tmp) / "package", s3_endpoint=args.s3_endpoint)
+        try:
+            check_calibration(read_manifest(package), target, args.calibration)
+        except PackageError as e:
+            _write_result(args.termination_log, {"verified": False, "engineKey": "", "report": {"summary": str(e)}})
+            print(f"kubetrt build: {e}", file=sys.stderr)
+            return 1
         try:
             record = build_verify_publish(package, target, store, tmp, verify=False)  # fetching checked it
         except VerificationError as e:

@@ -158,11 +158,16 @@ CONFIG = OperatorConfig(serving_image="registry.example/kubetrt/serving:test",
                         builder_image="registry.example/kubetrt/builder:test")
 
 
+CALIBRATION_URI = "s3://datasets/resnet50/calibration.npz"
+
+
 def md_body(name: str = "resnet", **spec_overrides: Any) -> dict[str, Any]:
-    """A ModelDeployment with two GPU targets and a CPU target."""
+    """A ModelDeployment with two GPU targets (t4 builds int8, so it names its calibration data) and a
+    CPU target."""
     spec: dict[str, Any] = {
         "model": {"name": "resnet50", "version": "3", "source": {"uri": "s3://models/resnet50/pkg"}},
         "store": {"uri": "s3://engines/resnet50", "credentialsSecret": "s3-creds"},
+        "optimization": {"calibration": {"uri": CALIBRATION_URI}},
         "targets": [
             {"name": "h100", "gpuProduct": "NVIDIA-H100-80GB-HBM3", "replicas": 2},
             {"name": "t4", "gpuProduct": "Tesla-T4", "precision": "int8"},

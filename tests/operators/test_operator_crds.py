@@ -9,9 +9,9 @@ import jsonschema
 import pytest
 import yaml
 
-from kubetrt.operators import crds, rbac
+from kubetrt.operators import crds, objects, rbac
 
-from operator_testlib import md_body
+from operator_testlib import CALIBRATION_URI, md_body
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -72,6 +72,7 @@ def test_examples_validate_against_the_crd_schema(path: Path) -> None:
     for doc in docs:
         assert doc["kind"] == "ModelDeployment"
         validator(crds.model_deployment_crd()).validate(doc)
+        assert objects.validate_spec(objects.normalized_spec(doc)) == [], "the CEL rules (as the operator checks them)"
 
 
 def test_examples_cover_cpu_only_and_two_gpu_products() -> None:
@@ -129,7 +130,9 @@ def test_invalid_spec_is_rejected_by_the_crd_schema(name: str) -> None:
 def test_apply_defaults_matches_api_server_defaulting() -> None:
     spec = crds.apply_defaults(crds.model_deployment_spec_schema(), md_body()["spec"])
     assert spec["optimization"] == {"precision": "fp16", "maxBatchSize": 32,
-                                    "batchProfile": {"min": 1, "opt": 8, "max": 32}}
+                                    "batchProfile": {"min": 1, "opt": 8, "max": 32},
+                                    "calibration": {"uri": CALIBRATION_URI, "method": "entropy",
+                                                    "holdoutFraction": 0.2}}
     assert spec["model"]["signature"] == "serving_default" and spec["model"]["version"] == "3"
     assert spec["targets"][1]["replicas"] == 1 and spec["targets"][0]["replicas"] == 2
     assert spec["autoscaling"]["enabled"] is False

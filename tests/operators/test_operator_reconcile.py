@@ -12,7 +12,7 @@ from kubetrt.operators.reconcile import Observed
 from kubetrt.pipeline import deploy
 from kubetrt.runtime.target import parse_target
 
-from operator_testlib import CONFIG, md_body
+from operator_testlib import CALIBRATION_URI, CONFIG, md_body
 
 NOW = "2026-01-01T00:00:00Z"
 
@@ -89,7 +89,8 @@ def test_build_job_is_pinned_to_the_gpu_product_and_runs_the_build_command() -> 
     assert c["resources"]["limits"] == {"nvidia.com/gpu": "1"}
     assert c["command"] == ["kubetrt", "build", "--package", "s3://models/resnet50/pkg", "--target",
                             "tensorrt@Tesla-T4:int8:1/8/32",
-                            "--store", "s3://engines/resnet50", "--termination-log", c["terminationMessagePath"]]
+                            "--store", "s3://engines/resnet50", "--termination-log", c["terminationMessagePath"],
+                            "--calibration", CALIBRATION_URI]  # t4 builds int8
     assert c["terminationMessagePolicy"] == "FallbackToLogsOnError"
     assert c["envFrom"] == [{"secretRef": {"name": "s3-creds"}}]
     assert c["securityContext"]["readOnlyRootFilesystem"] and not c["securityContext"]["allowPrivilegeEscalation"]
