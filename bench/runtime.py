@@ -1,6 +1,10 @@
 """Host runtime vs TensorFlow (SavedModel signature) vs onnxruntime (CPU), side by side.
 
-    python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50] [--seconds 3] [--baseline DIR]
+    python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50] [--seconds 3] [--baseline DIR] [--int8]
+
+`--int8` adds kubetrt and onnxruntime running the same Q/DQ model (the pipeline's quantize stage
+on each model, calibrated with min-max on seeded random inputs: the data changes the scales, not
+the speed), beside kubetrt fp32, onnxruntime fp32 and TensorFlow fp32.
 
 `--baseline DIR` adds another checkout of kubetrt (e.g. `git worktree add DIR main`) as one more
 engine, `baseline`, taking turns with the others in the same run: a change's before and after,
@@ -29,7 +33,9 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ENGINES = ("kubetrt", "tensorflow", "onnxruntime")
+INT8_ENGINES = ("kubetrt-int8", "onnxruntime-int8")
 BASELINE = "baseline"
+CALIBRATION_SAMPLES = 8
 MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50")
 
 
@@ -44,7 +50,41 @@ def feeds_for(package: Path, batch: int) -> dict[str, np.ndarray]:
     return {t.name: rng.standard_normal([batch if d == -1 else d for d in t.shape]).astype(t.dtype) for t in read_manifest(package).inputs}
 
 
+def int8_model(package: Path) -> Path:
+    """The package's model quantized by the pipeline's quantize stage, cached beside the package."""
+    from kubetrt.pipeline.calibration import CalibrationOptions
+    from kubetrt.pipeline.quantize import quantize
+    from kubetrt.runtime.package import MODEL_ONNX, read_manifest, sha256_file
+
+    import onnx
+
+    out = package.parent / f"model.int8-{sha256_file(package / MODEL_ONNX)[7:19]}.onnx"
+    if not out.exists():
+        manifest = read_manifest(package)
+        rng = np.random.default_rng(0)
+        data = {t.name: rng.standard_normal([CALIBRATION_SAMPLES] + [1 if d == -1 else d for d in t.shape[1:]]).astype(t.dtype)
+                for t in manifest.inputs}
+        quantized = quantize(onnx.load(str(package / MODEL_ONNX)), data, CalibrationOptions(source="synthetic", method="minmax"))
+        tmp = out.with_suffix(".partial")
+        onnx.save(quantized.model, str(tmp))
+        os.replace(tmp, out)
+    return out
+
+
 def runner(engine: str, package: Path, savedmodel: Path) -> Callable[[dict[str, np.ndarray]], Any]:
+    if engine == "kubetrt-int8":
+        from kubetrt.runtime.devices.host import RUNTIME
+        from kubetrt.runtime.onnx_import import load_onnx
+
+        graph = load_onnx(int8_model(package))
+        names = [v.name for v in graph.inputs]
+        exe = RUNTIME.prepare(graph, {})
+        return lambda feeds: exe.run([feeds[n] for n in names])
+    if engine == "onnxruntime-int8":
+        import onnxruntime as ort
+
+        sess = ort.InferenceSession(str(int8_model(package)), providers=["CPUExecutionProvider"])
+        return lambda feeds: sess.run(None, feeds)
     if engine in ("kubetrt", BASELINE):  # the baseline's process imports kubetrt from its checkout
         from kubetrt.runtime import load_model
 
@@ -86,6 +126,17 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
     return {"source": source, "engine": engine, "model": model, "batch": batch, "median_s": med, "reps": len(times), "items_per_s": batch / med}
+
+
+def bf16_note() -> str:
+    """Whether this CPU has the bf16 kernels a bf16 row would measure."""
+    from kubetrt.runtime.kernels import onednn
+
+    if not onednn.AVAILABLE:
+        return "not measured: the onednn extra is not installed"
+    if not onednn.BF16:
+        return f"not measured: oneDNN has no bf16 convolutions on this CPU (ISA {onednn.isa_name()})"
+    return "available on this CPU but not a kubetrt precision yet"
 
 
 def matmul_peak() -> float:
@@ -136,7 +187,8 @@ def spawn(args: list[str], checkout: Path | None = None) -> dict[str, Any]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES)
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES + INT8_ENGINES)
+    p.add_argument("--int8", action="store_true", help=f"add {' and '.join(INT8_ENGINES)} (the same Q/DQ model)")
     p.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell, split over the rounds")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell; the median round is reported")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="another kubetrt checkout, measured as engine 'baseline'")
@@ -156,10 +208,13 @@ def main() -> int:
 
     z = zoo()
     paths: dict[str, tuple[Path, Path]] = {}
+    engines = list(a.engines) + [e for e in INT8_ENGINES if a.int8 and e not in a.engines]
     for m in a.models:  # build/cache outside the timed workers
         _progress(f"preparing {m}")
         paths[m] = (z.package(m), z.savedmodel(m))
-    engines = list(a.engines)
+        if any(e in INT8_ENGINES for e in engines):
+            _progress(f"quantizing {m}")
+            int8_model(paths[m][0])
     if a.baseline is not None:
         if not (a.baseline / "pyproject.toml").is_file():
             p.error(f"--baseline {a.baseline}: not a kubetrt checkout (no pyproject.toml)")
@@ -185,9 +240,9 @@ def main() -> int:
         sources = {e: results[(e, a.models[0], 1)]["source"] for e in ("kubetrt", BASELINE) if e in engines}
         print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
     print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}\n")
-    head = f"{'model':<14}{'batch':>6}" + "".join(f"{e:>14}" for e in engines)
+    head = f"{'model':<14}{'batch':>6}" + "".join(f"{e:>18}" for e in engines)
     if "kubetrt" in engines:
-        head += "".join(f"{'vs ' + e:>16}" for e in engines if e != "kubetrt")
+        head += "".join(f"{'vs ' + e:>21}" for e in engines if e != "kubetrt")
     print(head)
     print("-" * len(head))
     for m in a.models:
@@ -196,14 +251,22 @@ def main() -> int:
             cells = {e: results[(e, m, batch)] for e in engines}
             for e in engines:
                 r = cells[e]
-                row += f"{r['median_s'] * 1e3:>11.2f} ms" if batch == 1 else f"{r['items_per_s']:>10.1f} i/s"
+                row += f"{r['median_s'] * 1e3:>15.2f} ms" if batch == 1 else f"{r['items_per_s']:>14.1f} i/s"
             if "kubetrt" in cells:
                 for e in engines:
                     if e != "kubetrt":
                         ratio = cells[e]["median_s"] / cells["kubetrt"]["median_s"]
-                        row += f"{ratio:>15.2f}x"
+                        row += f"{ratio:>20.2f}x"
             print(row)
     print("\nratios: >1 means kubetrt is faster (batch 1: latency ratio; batch 32: throughput ratio)")
+    if "kubetrt-int8" in engines:
+        print("\nkubetrt int8 speed-up (time of the other / time of kubetrt int8):")
+        for m in a.models:
+            for batch in (1, 32):
+                cells = {e: results[(e, m, batch)]["median_s"] for e in engines}
+                ratios = ", ".join(f"vs {e} {cells[e] / cells['kubetrt-int8']:.2f}x" for e in engines if e != "kubetrt-int8")
+                print(f"  {m:<14} batch {batch:>2}: {ratios}")
+        print(f"bf16: {bf16_note()}")
     if "resnet50" in a.models and "kubetrt" in engines:
         flops = model_flops(z.package("resnet50"))
         rate = flops * results[("kubetrt", "resnet50", 32)]["items_per_s"] / 1e9

@@ -1,4 +1,5 @@
-"""Verification: a built engine must reproduce TensorFlow's golden outputs before it is published.
+"""Verification: a built engine must reproduce TensorFlow's golden outputs before it is published,
+and, where the package carries held-out data, hold its precision's task-level gate on it.
 
 The metric and the tolerance for the target's precision and device class are the runtime's
 (kubetrt.runtime.accuracy); the report records exactly what was checked, so serving can hold the
@@ -12,7 +13,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from kubetrt.pipeline.errors import PipelineError
-from kubetrt.runtime.accuracy import Tolerance, compare, device_class, tolerance_for
+from kubetrt.runtime.accuracy import Tolerance, compare, device_class, heldout_gate, judge_heldout, tolerance_for
+from kubetrt.runtime.package import HeldOut
 from kubetrt.runtime.target import Target
 
 
@@ -67,3 +69,24 @@ def _verify_batch(
         return {"batch": batch, "outputs": [{"output": "*", "passed": False, "error": f"{type(e).__name__}: {e}"}],
                 "passed": False}, math.inf
     return {"batch": batch, "outputs": [o.to_json() for o in result.outputs], "passed": result.passed}, result.max_abs_error
+
+
+def verify_heldout(
+    predict: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]],
+    heldout: HeldOut,
+    target: Target,
+) -> dict[str, Any]:
+    """Run `predict` on the held-out samples in batches the target's profile accepts and judge the
+    outputs against TensorFlow's by the precision's held-out gate."""
+    gate = heldout_gate(target.precision)
+    step = target.profile.max
+    got: dict[str, list[np.ndarray]] = {}
+    try:
+        for start in range(0, heldout.samples, step):
+            out = predict({k: v[start:start + step] for k, v in heldout.inputs.items()})
+            for name, value in out.items():
+                got.setdefault(name, []).append(np.asarray(value))
+    except Exception as e:  # an engine that crashes on valid input fails verification
+        return {"gate": gate.to_json(), "samples": heldout.samples, "passed": False, "outputs": [],
+                "summary": f"engine failed on held-out data: {type(e).__name__}: {e}"}
+    return judge_heldout({k: np.concatenate(v) for k, v in got.items()}, heldout.outputs, heldout.labels, gate)

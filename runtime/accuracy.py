@@ -11,6 +11,13 @@ got == want exactly for every other dtype. A missing output fails.
 The tolerance (atol = rtol) depends on precision and device class, because reduced precision
 legitimately changes the numbers; TOLERANCES is the one table, and a verified engine records
 the entry it was held to.
+
+Elementwise bounds on random golden inputs cannot tell a usable int8 engine from a broken one, so
+a package lowered with calibration data also carries held-out samples (never calibrated on) with
+TensorFlow's fp32 outputs, and labels where the user gave them. HELDOUT_GATES is the table for
+them, per precision: on classifier-shaped outputs ([N, classes]) the top-1 agreement with
+TensorFlow, and the accuracy lost against TensorFlow's when labels are known; on every other
+float output the relative RMS error.
 """
 from __future__ import annotations
 
@@ -187,3 +194,102 @@ def _show(x: Any) -> str:
 
 def _json_float(x: float) -> float | None:
     return x if math.isfinite(x) else None
+
+
+# ---------------------------------------------------------------- held-out data
+
+@dataclass(frozen=True)
+class HeldOutGate:
+    """What an engine of one precision must achieve on held-out data against TensorFlow fp32."""
+
+    precision: str
+    max_accuracy_drop: float  # top-1 accuracy points lost against TensorFlow's, with labels
+    min_top1_agreement: float  # fraction of samples whose top-1 class is TensorFlow's
+    max_relative_rmse: float  # ||got - want|| / ||want|| for outputs that are not class scores
+
+    def to_json(self) -> dict[str, Any]:
+        return {"precision": self.precision, "max_accuracy_drop_points": self.max_accuracy_drop,
+                "min_top1_agreement": self.min_top1_agreement, "max_relative_rmse": self.max_relative_rmse}
+
+
+HELDOUT_GATES: dict[str, HeldOutGate] = {
+    "fp32": HeldOutGate("fp32", 0.0, 0.999, 1e-3),
+    "fp16": HeldOutGate("fp16", 0.5, 0.99, 1e-2),
+    "int8": HeldOutGate("int8", 1.0, 0.95, 0.2),  # the usual post-training int8 budget: at most 1 point
+}
+
+
+def heldout_gate(precision: str) -> HeldOutGate:
+    gate = HELDOUT_GATES.get(precision)
+    if gate is None:
+        raise ValueError(f"no held-out gate for precision {precision!r}; expected one of {sorted(HELDOUT_GATES)}")
+    return gate
+
+
+def is_classifier(output: np.ndarray) -> bool:
+    """Scores over classes: float [N, C] with C >= 2, the shape whose argmax is the prediction."""
+    return output.dtype.kind == "f" and output.ndim == 2 and output.shape[1] >= 2
+
+
+def judge_heldout(got: Mapping[str, Any], want: Mapping[str, np.ndarray], labels: np.ndarray | None,
+                  gate: HeldOutGate) -> dict[str, Any]:
+    """Every float output of `want` (TensorFlow fp32 on the held-out inputs) against `got`; the
+    report says pass or fail per output and names the metric that failed."""
+    outputs = []
+    for name in sorted(want):
+        w = np.asarray(want[name])
+        if w.dtype.kind != "f":
+            continue
+        g = got.get(name)
+        if g is None or np.shape(g) != w.shape:
+            outputs.append({"output": name, "passed": False,
+                            "error": f"got {None if g is None else list(np.shape(g))}, expected shape {list(w.shape)}"})
+            continue
+        outputs.append(_judge_output(name, np.asarray(g, dtype=np.float64), w.astype(np.float64), labels, gate))
+    failed = [o for o in outputs if not o["passed"]]
+    return {"gate": gate.to_json(), "samples": int(next(iter(want.values())).shape[0]) if want else 0,
+            "labels": labels is not None, "outputs": outputs, "passed": not failed and bool(outputs),
+            "summary": _heldout_summary(outputs, failed)}
+
+
+def _judge_output(name: str, g: np.ndarray, w: np.ndarray, labels: np.ndarray | None, gate: HeldOutGate) -> dict[str, Any]:
+    entry: dict[str, Any] = {"output": name}
+    problems = []
+    if not np.all(np.isfinite(g)):
+        problems.append("non-finite values")
+    if is_classifier(w):
+        agreement = float(np.mean(g.argmax(axis=1) == w.argmax(axis=1)))
+        entry["top1_agreement"] = agreement
+        if agreement < gate.min_top1_agreement:
+            problems.append(f"top-1 agreement {agreement:.4f} < {gate.min_top1_agreement}")
+        if labels is not None and labels.shape == (w.shape[0],):
+            ref = 100.0 * float(np.mean(w.argmax(axis=1) == labels))
+            acc = 100.0 * float(np.mean(g.argmax(axis=1) == labels))
+            entry.update(accuracy=acc, tensorflow_accuracy=ref, accuracy_drop_points=ref - acc)
+            if ref - acc > gate.max_accuracy_drop:
+                problems.append(f"accuracy {acc:.2f}% is {ref - acc:.2f} points below TensorFlow's {ref:.2f}% "
+                                f"(at most {gate.max_accuracy_drop} allowed)")
+    else:
+        norm = float(np.sqrt(np.mean(w * w)))
+        rmse = float(np.sqrt(np.mean((g - w) ** 2))) / max(norm, np.finfo(np.float64).tiny)
+        entry["relative_rmse"] = rmse
+        if not rmse <= gate.max_relative_rmse:
+            problems.append(f"relative RMS error {rmse:.4g} > {gate.max_relative_rmse}")
+    entry["passed"] = not problems
+    if problems:
+        entry["error"] = "; ".join(problems)
+    return entry
+
+
+def _heldout_summary(outputs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> str:
+    if failed:
+        return f"output {failed[0]['output']!r}: {failed[0].get('error')}"
+    parts = []
+    for o in outputs:
+        if "accuracy" in o:
+            parts.append(f"{o['output']}: accuracy {o['accuracy']:.2f}% vs TensorFlow {o['tensorflow_accuracy']:.2f}%")
+        elif "top1_agreement" in o:
+            parts.append(f"{o['output']}: top-1 agreement {100 * o['top1_agreement']:.1f}%")
+        elif "relative_rmse" in o:
+            parts.append(f"{o['output']}: relative RMS error {o['relative_rmse']:.3g}")
+    return ", ".join(parts) or "no float outputs to judge"

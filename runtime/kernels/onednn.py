@@ -98,8 +98,17 @@ def _load() -> ctypes.CDLL | None:
 _lib = _load()
 AVAILABLE = _lib is not None
 _ISA_VNNI = (0x8, 0x40)  # dnnl_cpu_isa_t bits of avx2_vnni(_2) and avx512_core_vnni and their successors
+_ISA = _lib.dnnl_get_effective_cpu_isa() if _lib is not None else 0
 # Integer dot products without int16 intermediates (VNNI): no saturation for any int8 operands.
-EXACT_INT8 = AVAILABLE and any(_lib.dnnl_get_effective_cpu_isa() & bit for bit in _ISA_VNNI)  # type: ignore[union-attr]
+EXACT_INT8 = any(_ISA & bit for bit in _ISA_VNNI)
+BF16 = bool(_ISA & 0x80) or _ISA == 0x1F  # avx512_core_bf16 and its successors, or avx2_vnni_2
+_ISA_NAMES = {0x7: "avx2", 0xF: "avx2_vnni", 0x1F: "avx2_vnni_2", 0x27: "avx512_core", 0x67: "avx512_core_vnni",
+              0xE7: "avx512_core_bf16", 0x1EF: "avx10_1_512", 0xFEF: "avx512_core_amx", 0x1FEF: "avx512_core_amx_fp16"}
+
+
+def isa_name() -> str:
+    """The instruction set oneDNN dispatches to on this CPU, as oneDNN names it."""
+    return _ISA_NAMES.get(_ISA, hex(_ISA))
 
 
 def _enum(kind: str, name: str, limit: int = 1024) -> int:

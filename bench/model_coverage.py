@@ -1,7 +1,7 @@
 """Model coverage: every keras.applications model and the common recurrent, transformer and
 decoder layers, lowered, checked against TensorFlow and timed beside TensorFlow and onnxruntime.
 
-    python bench/coverage.py [--models NAME ...] [--skip NAME ...] [--rounds 3] [--seconds 1]
+    python bench/model_coverage.py [--models NAME ...] [--skip NAME ...] [--rounds 3] [--seconds 1]
 
 Per model: build the SavedModel (random weights, the model's smallest allowed input) and lower
 it, both cached under .cache/coverage; then three worker processes, one per engine (kubetrt's
@@ -33,8 +33,6 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-if sys.path and Path(sys.path[0]).resolve() == HERE:  # this file would shadow the `coverage` package,
-    sys.path.pop(0)  # which numba probes for: the bench helpers are loaded by path instead
 ENGINES = ("kubetrt", "tensorflow", "onnxruntime")
 RECURRENT_BATCHES = (1, 32)
 
@@ -135,14 +133,10 @@ LAYER_SHAPES = {"lstm_text": {"tokens": (-1, 50)}}
 
 
 def _bench_module(name: str) -> Any:
-    """bench/<name>.py, loaded by path (this directory is kept off sys.path, see above)."""
-    import importlib.util
+    """bench/<name>.py (this script's directory is first on sys.path)."""
+    import importlib
 
-    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return importlib.import_module(name)
 
 
 def _zoo() -> Any:
