@@ -53,12 +53,16 @@ def ingest_op(source: str, signature: str, s3_endpoint: str, savedmodel: Output[
 
 
 @dsl.component(**_COMPONENT)
-def lower_op(savedmodel: Input[Artifact], name: str, default_name: str, signature: str, version: str, store: str, s3_endpoint: str, package: Output[Model]) -> str:
-    """Lower to a model package and publish it to the store; returns the model digest."""
+def lower_op(savedmodel: Input[Artifact], name: str, default_name: str, signature: str, version: str, store: str, s3_endpoint: str, package: Output[Model],
+             calibration: str = "", calibration_method: str = "minmax", calibration_preprocess: str = "") -> str:
+    """Lower to a model package (with the INT8 model when `calibration` names data) and publish it
+    to the store; returns the model digest."""
     from kubetrt.pipeline.stages import lower_stage
     from kubetrt.pipeline.store import open_store
 
-    lower_stage(savedmodel.path, package.path, name=name or default_name, signature=signature, version=version)
+    lower_stage(savedmodel.path, package.path, name=name or default_name, signature=signature, version=version,
+                calibration=calibration, calibration_method=calibration_method,
+                calibration_preprocess=calibration_preprocess, s3_endpoint=s3_endpoint or None)
     digest = open_store(store, s3_endpoint=s3_endpoint or None).publish_package(package.path)
     package.metadata["model_digest"] = digest
     return digest
@@ -185,12 +189,16 @@ def make_pipeline(default_targets: Sequence[str] = ("host",)) -> Any:
         version: str = "1",
         signature: str = "serving_default",
         s3_endpoint: str = "",
+        calibration: str = "",
+        calibration_method: str = "minmax",
+        calibration_preprocess: str = "",
     ) -> str:
         ingest = ingest_op(source=source, signature=signature, s3_endpoint=s3_endpoint).set_container_image(image)
         ingest.set_display_name("ingest")
         lower = lower_op(
             savedmodel=ingest.outputs["savedmodel"], name=name, default_name=ingest.outputs["name"], signature=signature, version=version,
-            store=store, s3_endpoint=s3_endpoint,
+            store=store, s3_endpoint=s3_endpoint, calibration=calibration, calibration_method=calibration_method,
+            calibration_preprocess=calibration_preprocess,
         ).set_container_image(image)
         lower.set_display_name("lower")
         with dsl.ParallelFor(targets, name="targets") as target:

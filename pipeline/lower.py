@@ -2,8 +2,10 @@
 
 The golden file holds TensorFlow's own outputs for seeded random inputs: it is the reference every
 later stage and engine is verified against, so lowering itself refuses to finish unless
-onnxruntime reproduces it from model.onnx. Everything is written into a staged directory that is
-renamed into place only when complete; an interrupted lowering leaves nothing behind.
+onnxruntime reproduces it from model.onnx. With calibration data the package also gets
+model.int8.onnx (the Q/DQ twin, calibrated on part of the data) and heldout.npz (the rest, with
+TensorFlow's outputs for it). Everything is written into a staged directory that is renamed into
+place only when complete; an interrupted lowering leaves nothing behind.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from typing import Any, Iterator, Mapping, Sequence
 import numpy as np
 
 from kubetrt.telemetry.logs import log
+from kubetrt.pipeline.calibration import CalibrationOptions, PreparedCalibration, check_source, prepare_calibration
 from kubetrt.pipeline.errors import LowerError
 from kubetrt.pipeline.ingest import SERVE_TAG, SavedModelInfo, ingest, quiet_native_stderr, tensorflow
 from kubetrt.telemetry.progress import step
@@ -27,10 +30,14 @@ from kubetrt.runtime.accuracy import HOST, Tolerance, check_output, tolerance_fo
 from kubetrt.runtime.graph import unique_name
 from kubetrt.runtime.package import (
     GOLDEN,
+    HELDOUT,
+    MODEL_INT8_ONNX,
     MODEL_ONNX,
+    HeldOut,
     Manifest,
     TensorSpec,
     save_golden,
+    save_heldout,
     sha256_file,
     staged_dir,
     write_manifest,
@@ -44,6 +51,7 @@ GOLDEN_BATCH_SIZES: tuple[int, ...] = (1, 4)
 FALLBACK_RUNTIMES = ("onnxruntime",)  # runtimes a lowering may accept for nodes without a kernel
 # Random integer inputs are drawn from [0, INT_HIGH): valid ids/indices for any table of >= 10 rows.
 INT_HIGH = 10
+HELDOUT_BATCH = 32  # held-out samples per TensorFlow/onnxruntime run
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 Shapes = Mapping[str, Sequence[int]]
@@ -69,6 +77,7 @@ def lower(
     opset: int = DEFAULT_OPSET,
     shapes: Shapes | None = None,
     allow_fallback: Sequence[str] = (),
+    calibration: CalibrationOptions | None = None,
 ) -> Manifest:
     """Lower one SavedModel signature into a verified model package at `out_dir`.
 
@@ -77,6 +86,8 @@ def lower(
     A SavedModelInfo (what `ingest` returned for this signature) is lowered as it is, without
     reading and hashing the SavedModel again. `allow_fallback=("onnxruntime",)` accepts nodes the
     runtime has no kernel for, to be run by onnxruntime; otherwise such a node fails the lowering.
+    `calibration` adds the INT8 model, calibrated on that data less a held-out part; the data is
+    read and checked against the signature before anything slow runs.
     Raises IngestError/LowerError (ValueErrors) naming what was wrong and what was expected.
     """
     out = Path(out_dir)
@@ -85,6 +96,8 @@ def lower(
     version = _check_name("model version", str(version))
     if out.exists():
         raise LowerError(f"{out}: already exists; refusing to overwrite it (remove it or choose another output)")
+    if calibration is not None:
+        check_source(calibration)
     if isinstance(savedmodel, SavedModelInfo):
         if savedmodel.signature != signature:
             raise LowerError(f"{path}: ingested for signature {savedmodel.signature!r}, asked to lower {signature!r}")
@@ -93,6 +106,10 @@ def lower(
         with step(f"ingesting {savedmodel}"):
             info = ingest(Path(savedmodel), signature)
     tails = golden_shapes(info, shapes or {})
+    prepared = None
+    if calibration is not None:
+        with step(f"reading calibration data {calibration.source}"):
+            prepared = prepare_calibration(calibration, info.inputs, seed)
     check_opset(opset)
     unknown = sorted(set(allow_fallback) - set(FALLBACK_RUNTIMES))
     if unknown:
@@ -100,7 +117,7 @@ def lower(
     try:
         with staged_dir(out) as tmp:
             manifest = _lower_into(tmp, info, tails, name=name, version=version, seed=seed, opset=opset,
-                                   allow_fallback=tuple(allow_fallback))
+                                   allow_fallback=tuple(allow_fallback), calibration=prepared)
     except FileExistsError as e:  # created by someone else while we were working
         raise LowerError(f"{out}: already exists; refusing to overwrite it ({e})") from e
     log(logger, logging.INFO, "lowered", savedmodel=str(info.path), package=str(out), name=name,
@@ -168,7 +185,8 @@ def _check_name(what: str, value: str) -> str:
 
 
 def _lower_into(tmp: Path, info: SavedModelInfo, tails: dict[str, tuple[int, ...]], *, name: str,
-                version: str, seed: int, opset: int, allow_fallback: tuple[str, ...]) -> Manifest:
+                version: str, seed: int, opset: int, allow_fallback: tuple[str, ...],
+                calibration: PreparedCalibration | None = None) -> Manifest:
     tf = tensorflow()
     with step("loading SavedModel"):
         loaded = tf.saved_model.load(str(info.path), tags=[SERVE_TAG])  # keeps fn's variables alive
@@ -187,8 +205,34 @@ def _lower_into(tmp: Path, info: SavedModelInfo, tails: dict[str, tuple[int, ...
         coverage = check_coverage(model, name, allow_fallback)
     manifest = _manifest(tmp, info, model, result, tails, name=name, version=version, seed=seed, opset=opset)
     manifest.onnx["coverage"] = coverage
+    if calibration is not None:
+        _add_int8(tmp, manifest, fn, info, model, calibration, allow_fallback)
     write_manifest(tmp, manifest)
     return manifest
+
+
+def _add_int8(tmp: Path, manifest: Manifest, fn: Any, info: SavedModelInfo, model: Any,
+              calibration: PreparedCalibration, allow_fallback: tuple[str, ...]) -> None:
+    """Write model.int8.onnx and heldout.npz into `tmp` and record both in `manifest`."""
+    from kubetrt.pipeline.quantize import quantization_record, quantize
+
+    held = calibration.heldout
+    with step(f"recording TensorFlow outputs for {held.samples} held-out samples"):
+        outputs = run_batched(fn, info, held.inputs, HELDOUT_BATCH)
+        save_heldout(tmp / HELDOUT, HeldOut(held.inputs, outputs, held.labels))
+    options = calibration.options
+    method = options.method + (f" {options.percentile_value}" if options.percentile_value is not None else "")
+    with step(f"calibrating on {calibration.calibrate.samples} samples with {method}"):
+        quantized = quantize(model, calibration.calibrate.inputs, options)
+        (tmp / MODEL_INT8_ONNX).write_bytes(quantized.model.SerializeToString())
+    with step("checking the INT8 model (onnxruntime on the held-out samples)"):
+        check = check_int8_onnxruntime(tmp / MODEL_INT8_ONNX, held.inputs, outputs)
+    with step("checking kubetrt's kernels cover every INT8 node"):
+        coverage = check_coverage(quantized.model, f"{manifest.name} ({MODEL_INT8_ONNX})", allow_fallback)
+    manifest.quantization = {**quantization_record(quantized, calibration), "check": check, "coverage": coverage}
+    manifest.heldout = calibration.heldout_record()
+    manifest.files[MODEL_INT8_ONNX] = sha256_file(tmp / MODEL_INT8_ONNX)
+    manifest.files[HELDOUT] = sha256_file(tmp / HELDOUT)
 
 
 def _manifest(tmp: Path, info: SavedModelInfo, model: Any, check: OnnxCheck, tails: dict[str, tuple[int, ...]],
@@ -231,20 +275,42 @@ def _random_array(dtype: np.dtype, shape: tuple[int, ...], rng: np.random.Genera
 
 def record_golden(fn: Any, info: SavedModelInfo, tails: Mapping[str, tuple[int, ...]], seed: int) -> Batches:
     """Run the TF signature on seeded inputs at each golden batch size: the reference outputs."""
-    tf = tensorflow()
     rng = np.random.default_rng(seed)
     batches: Batches = {}
     for batch in GOLDEN_BATCH_SIZES:
         inputs = random_inputs(info.inputs, tails, batch, rng)
-        try:
-            raw = fn(**{k: tf.constant(v) for k, v in inputs.items()})
-        except Exception as e:  # TF raises many unrelated types for bad shapes/values
-            raise LowerError(f"{info.path}: TensorFlow failed to run signature {info.signature!r} on "
-                             f"random inputs at batch {batch} ({type(e).__name__}: {e})") from e
-        outputs = {k: np.asarray(v.numpy()) for k, v in raw.items()}
-        _check_tf_outputs(info, batch, outputs)
-        batches[batch] = (inputs, outputs)
+        batches[batch] = (inputs, run_signature(fn, info, inputs, "random inputs"))
     return batches
+
+
+def run_signature(fn: Any, info: SavedModelInfo, inputs: Mapping[str, np.ndarray], what: str) -> dict[str, np.ndarray]:
+    """TensorFlow's outputs for one batch of `inputs`, checked against the SignatureDef."""
+    tf = tensorflow()
+    batch = int(next(iter(inputs.values())).shape[0])
+    try:
+        raw = fn(**{k: tf.constant(v) for k, v in inputs.items()})
+    except Exception as e:  # TF raises many unrelated types for bad shapes/values
+        raise LowerError(f"{info.path}: TensorFlow failed to run signature {info.signature!r} on "
+                         f"{what} at batch {batch} ({type(e).__name__}: {e})") from e
+    outputs = {k: np.asarray(v.numpy()) for k, v in raw.items()}
+    _check_tf_outputs(info, batch, outputs)
+    return outputs
+
+
+def run_batched(fn: Any, info: SavedModelInfo, inputs: Mapping[str, np.ndarray], batch: int) -> dict[str, np.ndarray]:
+    """TensorFlow's outputs for N samples, run `batch` at a time and concatenated."""
+    n = int(next(iter(inputs.values())).shape[0])
+    parts: list[dict[str, np.ndarray]] = []
+    for start in range(0, n, batch):
+        chunk = {k: v[start:start + batch] for k, v in inputs.items()}
+        outputs = run_signature(fn, info, chunk, "held-out calibration samples")
+        size = int(next(iter(chunk.values())).shape[0])
+        for key, value in outputs.items():
+            if value.ndim == 0 or value.shape[0] != size:
+                raise LowerError(f"{info.path}: output {key!r} is {list(value.shape)} for {size} samples; held-out "
+                                 "outputs are recorded per sample, so every output needs the batch as its first dim")
+        parts.append(outputs)
+    return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
 def _check_tf_outputs(info: SavedModelInfo, batch: int, outputs: Mapping[str, np.ndarray]) -> None:
@@ -465,6 +531,39 @@ def check_onnxruntime(model_path: Path, batches: Batches) -> OnnxCheck:
             if diff >= worst.max_abs_diff:
                 worst = OnnxCheck(diff, f"batch{batch}.{key}", tol)
     return worst
+
+
+def check_int8_onnxruntime(model_path: Path, inputs: Mapping[str, np.ndarray],
+                           expected: Mapping[str, np.ndarray]) -> dict[str, Any]:
+    """Run the Q/DQ model under onnxruntime on the held-out inputs: it must load and run, and how far
+    it lands from TensorFlow is recorded (judging it is the accuracy gate's job, not lowering's)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    try:
+        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    except Exception as e:  # onnxruntime raises its own exception types, not exported uniformly
+        raise LowerError(f"onnxruntime cannot load the quantized graph ({type(e).__name__}: {e})") from e
+    names = list(expected)
+    n = int(next(iter(inputs.values())).shape[0])
+    got: dict[str, list[np.ndarray]] = {k: [] for k in names}
+    for start in range(0, n, HELDOUT_BATCH):
+        chunk = {k: v[start:start + HELDOUT_BATCH] for k, v in inputs.items()}
+        try:
+            for key, value in zip(names, session.run(names, chunk)):
+                got[key].append(value)
+        except Exception as e:
+            raise LowerError(f"onnxruntime failed to run the quantized graph on held-out samples "
+                             f"{start}..{start + len(next(iter(chunk.values()))) - 1} ({type(e).__name__}: {e})") from e
+    diffs = {}
+    for key in names:
+        value = np.concatenate(got[key])
+        if value.shape != expected[key].shape or value.dtype != expected[key].dtype:
+            raise LowerError(f"onnxruntime's quantized output {key} is {value.dtype}{list(value.shape)}; TensorFlow "
+                             f"gave {expected[key].dtype}{list(expected[key].shape)}")
+        diffs[key] = float(np.max(np.abs(value.astype(np.float64) - expected[key].astype(np.float64)), initial=0.0))
+    return {"runtime": "onnxruntime", "samples": n, "max_abs_diff": diffs}
 
 
 def check_coverage(model: Any, name: str, allow_fallback: tuple[str, ...]) -> dict[str, Any]:

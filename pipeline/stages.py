@@ -25,11 +25,12 @@ from kubetrt.pipeline.store import (
     model_digest,
     open_store,
 )
-from kubetrt.pipeline.verify import VerificationError, verify_predictions
+from kubetrt.pipeline.verify import VerificationError, verify_heldout, verify_predictions
 from kubetrt.runtime import load_model
 from kubetrt.runtime.devices import resolve_target
 from kubetrt.runtime.engine import build_engine, manifest_entry
-from kubetrt.runtime.package import Manifest, load_golden, open_package
+from kubetrt.runtime.accuracy import CALIBRATED_PRECISIONS
+from kubetrt.runtime.package import Manifest, load_golden, load_heldout, open_package
 from kubetrt.runtime.target import Target, TargetError, parse_target
 
 if TYPE_CHECKING:
@@ -52,13 +53,23 @@ def ingest_stage(source: str, workdir: str | os.PathLike[str], signature: str = 
         return ingest(path, signature)
 
 
-def lower_stage(savedmodel: str | os.PathLike[str] | SavedModelInfo, out_dir: str | os.PathLike[str], *, name: str | None = None, signature: str = "serving_default", version: str = "1") -> Path:
+def lower_stage(savedmodel: str | os.PathLike[str] | SavedModelInfo, out_dir: str | os.PathLike[str], *, name: str | None = None, signature: str = "serving_default", version: str = "1",
+                calibration: str = "", calibration_method: str = "minmax", calibration_preprocess: str = "",
+                s3_endpoint: str | None = None) -> Path:
     """Lower a SavedModel (a path, or what ingest_stage already checked and hashed) into a model
-    package at `out_dir`."""
+    package at `out_dir`; with `calibration` (a path, file://, s3:// or gs:// URI; empty for none)
+    the package also gets the INT8 model calibrated on that data."""
+    from kubetrt.pipeline.calibration import CalibrationOptions, fetch_options
     from kubetrt.pipeline.lower import lower
 
-    with progress.step("lowering SavedModel to ONNX model package"):
-        lower(savedmodel, Path(out_dir), name=name, signature=signature, version=version)
+    with tempfile.TemporaryDirectory(prefix="kubetrt-calibration-") as tmp:
+        options = None
+        if calibration:
+            options = CalibrationOptions(calibration, method=calibration_method, preprocess=calibration_preprocess or None)
+            with progress.step(f"fetching calibration data {calibration}"):
+                options = fetch_options(options, tmp, s3_endpoint=s3_endpoint)
+        with progress.step("lowering SavedModel to ONNX model package"):
+            lower(savedmodel, Path(out_dir), name=name, signature=signature, version=version, calibration=options)
     return Path(out_dir)
 
 
@@ -106,7 +117,8 @@ def build_stage(package_dir: str | os.PathLike[str], manifest: Manifest, target:
 def verify_stage(package_dir: str | os.PathLike[str], manifest: Manifest, engine_dir: str | os.PathLike[str],
                  target: Target) -> dict[str, Any]:
     """Load the package with this engine the way serving will (engine under engines/<key>/, its
-    files listed) and compare it with TensorFlow's golden outputs.
+    files listed) and compare it with TensorFlow's golden outputs, and on held-out data by the
+    precision's gate where the package has it (an int8 engine always does: calibration made it).
 
     Returns the report (pass or fail); publishing decides what to do with a failure.
     """
@@ -116,8 +128,34 @@ def verify_stage(package_dir: str | os.PathLike[str], manifest: Manifest, engine
             assembled = assemble_package(package_dir, {key: (Path(engine_dir), manifest_entry(target))}, Path(tmp) / "package")
             model = load_model(assembled, device=target.backend, engine_key=key, verify=False)
             report = verify_predictions(model.predict, load_golden(package_dir, manifest), target)
+        heldout = load_heldout(package_dir, manifest)
+        if heldout is not None:
+            with progress.step(f"checking engine {key} on {heldout.samples} held-out samples against TensorFlow"):
+                report["heldout"] = verify_heldout(model.predict, heldout, target)
+    report = _with_heldout(report, target)
     report.update(key=key, target=target.to_json(), spec=target.spec(), model_digest=model_digest(manifest))
     log(logger, logging.INFO, "engine verified", key=key, passed=report["passed"], summary=report["summary"])
+    return report
+
+
+def _with_heldout(report: dict[str, Any], target: Target) -> dict[str, Any]:
+    """The verdict: golden and held-out gates, or for calibrated precisions the held-out gate with
+    the golden run only required to produce well-formed outputs (see CALIBRATED_PRECISIONS)."""
+    heldout = report.get("heldout")
+    if heldout is None:
+        if target.precision in CALIBRATED_PRECISIONS:
+            report["passed"] = False
+            report["summary"] = f"FAILED: a {target.precision} engine needs the package's held-out data, and it has none"
+        return report
+    golden_ok = report["passed"]
+    if target.precision in CALIBRATED_PRECISIONS:
+        report["golden_gating"] = False
+        golden_ok = all(o.get("max_abs_error") is not None for b in report["batches"] for o in b["outputs"])
+    report["passed"] = bool(golden_ok and heldout["passed"])
+    verdict = "passed" if report["passed"] else "FAILED"
+    golden = report["summary"].split(": ", 1)[-1]
+    report["summary"] = (f"{verdict}: held-out ({heldout['samples']} samples): {heldout['summary']}; golden "
+                         f"{'(recorded, not gating) ' if report.get('golden_gating') is False else ''}{golden}")
     return report
 
 

@@ -13,7 +13,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from kubetrt.pipeline.errors import PipelineError
-from kubetrt.runtime.accuracy import Tolerance, compare, device_class, heldout_gate, judge_heldout, tolerance_for
+from kubetrt.runtime.accuracy import Tolerance, check_heldout, compare, device_class, tolerance_for
 from kubetrt.runtime.package import HeldOut
 from kubetrt.runtime.target import Target
 
@@ -76,17 +76,5 @@ def verify_heldout(
     heldout: HeldOut,
     target: Target,
 ) -> dict[str, Any]:
-    """Run `predict` on the held-out samples in batches the target's profile accepts and judge the
-    outputs against TensorFlow's by the precision's held-out gate."""
-    gate = heldout_gate(target.precision)
-    step = target.profile.max
-    got: dict[str, list[np.ndarray]] = {}
-    try:
-        for start in range(0, heldout.samples, step):
-            out = predict({k: v[start:start + step] for k, v in heldout.inputs.items()})
-            for name, value in out.items():
-                got.setdefault(name, []).append(np.asarray(value))
-    except Exception as e:  # an engine that crashes on valid input fails verification
-        return {"gate": gate.to_json(), "samples": heldout.samples, "passed": False, "outputs": [],
-                "summary": f"engine failed on held-out data: {type(e).__name__}: {e}"}
-    return judge_heldout({k: np.concatenate(v) for k, v in got.items()}, heldout.outputs, heldout.labels, gate)
+    """The held-out gate of the target's precision, in batches its profile accepts."""
+    return check_heldout(predict, heldout, target.precision, target.profile.max)

@@ -114,27 +114,43 @@ def _float_bias(graph: Graph, producers: dict[str, Node], value: str, taken: set
 
 
 def absorb_dequantize(graph: Graph) -> Graph:
-    """Conv/MatMul over DequantizeLinear'd int8 operands -> QConv/QMatMul over the int8 operands."""
+    """Conv/MatMul/Gemm over DequantizeLinear'd int8 operands -> QConv/QMatMul over the int8 operands."""
     producers = graph.producers()
     taken = set(graph.constants) | set(graph.values) | {o for n in graph.nodes for o in n.outputs}
     for k, node in enumerate(graph.nodes):
-        if node.op not in ("Conv", "MatMul") or len(node.outputs) != 1:
+        if node.op not in ("Conv", "MatMul", "Gemm") or len(node.outputs) != 1:
             continue
-        source = _integer_source(graph, producers, node.inputs[0])
-        weights = _integer_weights(graph, producers, node.inputs[1], 0 if node.op == "Conv" else 1)
-        if source is None or weights is None:
-            continue
-        w = graph.constants[weights[0]]
-        if (node.op == "Conv" and w.ndim != 4) or (node.op == "MatMul" and w.ndim != 2):
-            continue
-        bias = _float_bias(graph, producers, node.inputs[2] if len(node.inputs) > 2 else "", taken)
-        if bias is None:
-            continue
-        attrs = dict(node.attrs, x_scale=source[1], w_scale=weights[1])
-        inputs = [source[0], weights[0]] + ([bias] if node.op == "Conv" else [])
-        graph.nodes[k] = Node("QConv" if node.op == "Conv" else "QMatMul", node.name, inputs, list(node.outputs), attrs)
+        replacement = _integer_node(graph, producers, node, taken)
+        if replacement is not None:
+            graph.nodes[k] = replacement
     _remove_unused(graph, "DequantizeLinear")
     return graph
+
+
+def _integer_node(graph: Graph, producers: dict[str, Node], node: Node, taken: set[str]) -> Node | None:
+    source = _integer_source(graph, producers, node.inputs[0])
+    if source is None:
+        return None
+    transposed = node.op == "Gemm" and bool(node.attrs.get("transB", 0))
+    if node.op == "Gemm" and (node.attrs.get("transA", 0) or node.attrs.get("alpha", 1.0) != 1.0 or node.attrs.get("beta", 1.0) != 1.0):
+        return None
+    weights = _integer_weights(graph, producers, node.inputs[1], 0 if node.op == "Conv" or transposed else 1)
+    if weights is None:
+        return None
+    w_name, w_scale = weights
+    w = graph.constants[w_name]
+    if w.ndim != (4 if node.op == "Conv" else 2):
+        return None
+    if transposed:  # QMatMul takes (K, N)
+        w_name = unique_name(f"{w_name}:transposed", taken)
+        graph.constants[w_name] = np.ascontiguousarray(w.T)
+    bias = _float_bias(graph, producers, node.inputs[2] if len(node.inputs) > 2 else "", taken)
+    if bias is None or (bias and node.op == "Gemm" and graph.constants[bias].ndim != 1):
+        return None
+    attrs = {k: v for k, v in node.attrs.items() if node.op == "Conv"} | {"x_scale": source[1], "w_scale": w_scale}
+    op = "QConv" if node.op == "Conv" else "QMatMul"
+    inputs = [source[0], w_name] + ([bias] if bias or node.op == "Conv" else [])
+    return Node(op, node.name, inputs, list(node.outputs), attrs)
 
 
 def drop_fake_quantization(graph: Graph) -> Graph:
