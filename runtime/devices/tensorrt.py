@@ -119,8 +119,11 @@ def build_plan(trt: Any, model_bytes: bytes, shapes: dict[str, tuple[tuple[int, 
         raise ValueError(f"TensorRT's ONNX parser rejected the segment: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace)
-    if precision == "fp16" and not strongly_typed(trt.__version__):
-        config.set_flag(trt.BuilderFlag.FP16)
+    if not strongly_typed(trt.__version__):  # TensorRT 10 still takes precision from builder flags
+        if precision == "fp16":
+            config.set_flag(trt.BuilderFlag.FP16)
+        elif precision == "int8":  # the network's Q/DQ nodes say where; the flag allows int8 kernels
+            config.set_flag(trt.BuilderFlag.INT8)
     cache = config.create_timing_cache(timing_cache)
     config.set_timing_cache(cache, False)
     profile = builder.create_optimization_profile()
@@ -207,10 +210,10 @@ class TensorRTRuntime:
         return NodeIdentity(cuda.gpu_product, cuda.compute_capability, f"trt{import_trt().__version__}")
 
     def tune(self, graph: Graph, target: Target, golden: dict[int, Any]) -> dict[str, Any]:
-        """Build engines for the TensorRT segments; fallback segments are recorded, not built."""
+        """Build engines for the TensorRT segments; fallback segments are recorded, not built.
+        For int8 the graph is the package's Q/DQ model (explicit quantization: TensorRT 11 has no
+        calibrators, the pipeline calibrated it)."""
         trt = import_trt()
-        if target.precision == "int8":
-            raise ValueError("int8 needs an explicitly quantized (Q/DQ) ONNX model; this pipeline does not produce one yet")
         model_bytes = graph_to_onnx(graph).SerializeToString()
         segs = plan_segments(graph, supported_node_names(trt, graph, model_bytes))
         whole = len(segs) == 1 and segs[0].supported

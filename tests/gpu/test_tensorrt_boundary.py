@@ -144,7 +144,7 @@ def fake_trt(version: str, calls: list[tuple[Any, ...]], supported: set[int] | N
 
     m.Logger, m.Builder, m.OnnxParser = Logger, Builder, Parser
     m.MemoryPoolType = _Enum(WORKSPACE="WORKSPACE")
-    m.BuilderFlag = _Enum(FP16="FP16")
+    m.BuilderFlag = _Enum(FP16="FP16", INT8="INT8")
     m.NetworkDefinitionCreationFlag = _Enum(STRONGLY_TYPED=5)
     return m
 
@@ -182,8 +182,42 @@ def test_fake_trt_boundary_tune_builds_only_trt_segments(zoo, tmp_path, monkeypa
     assert options["strongly_typed"] and "set_flag" not in _names(calls)
     assert (tmp_path / "NVIDIA-H100-80GB-HBM3_trt11.1.0.timing-cache").read_bytes() == b"cache-v2"
     assert ("set_shape", "image", (1, 32, 32, 3), (8, 32, 32, 3), (32, 32, 32, 3)) in calls
-    with pytest.raises(ValueError, match="int8 needs an explicitly quantized"):
-        trt_rt.RUNTIME.tune(graph, Target("tensorrt", "NVIDIA-H100-80GB-HBM3", "int8").resolve("9.0", "x"), golden)
+
+
+@pytest.mark.parametrize("version, int8_flag", [("10.7.0", True), ("11.1.0", False)])
+def test_fake_trt_boundary_int8_builds_the_qdq_model(zoo, tmp_path, monkeypatch, version: str, int8_flag: bool) -> None:
+    """An int8 build hands TensorRT the explicitly quantized graph: Q/DQ nodes in what it parses;
+    TensorRT 10 gets the INT8 builder flag, TensorRT 11 (strongly typed) no flag."""
+    import onnx
+
+    from kubetrt.pipeline.calibration import CalibrationOptions
+    from kubetrt.pipeline.quantize import quantize
+    from kubetrt.runtime.onnx_import import from_proto
+
+    package = zoo.package("small_cnn")
+    data = {"image": np.random.default_rng(0).standard_normal((4, 32, 32, 3)).astype(np.float32)}
+    qdq = quantize(onnx.load(str(package / "model.onnx")), data, CalibrationOptions(source="synthetic", method="minmax")).model
+    graph = from_proto(qdq)
+    parsed: list[bytes] = []
+    monkeypatch.setattr(trt_rt, "export_segment", lambda g, seg: _recording(_export(g, seg), parsed))
+    calls: list[tuple[Any, ...]] = []
+    monkeypatch.setitem(sys.modules, "tensorrt", fake_trt(version, calls, set(range(len(graph.nodes)))))
+    monkeypatch.setenv("KUBETRT_TRT_CACHE", str(tmp_path))
+    target = Target("tensorrt", "NVIDIA-H100-80GB-HBM3", "int8", BatchProfile(1, 8, 32)).resolve("9.0", f"trt{version}")
+    options = trt_rt.RUNTIME.tune(graph, target, {})
+    assert options["precision"] == "int8" and [s["supported"] for s in options["segments"]] == [True]
+    assert (("set_flag", "INT8") in calls) == int8_flag and ("set_flag", "FP16") not in calls
+    (segment,) = parsed
+    ops = {n.op_type for n in segment.graph.node}
+    assert {"QuantizeLinear", "DequantizeLinear"} <= ops
+
+
+_export = trt_rt.export_segment
+
+
+def _recording(model: Any, into: list[Any]) -> Any:
+    into.append(model)
+    return model
 
 
 def test_fake_trt_boundary_runner_uses_name_based_tensor_api() -> None:
