@@ -10,10 +10,12 @@ activation applied in float between accumulation and requantization.
 A uint8 result is a non-negative int8 one (after ReLU or a non-negative Clip): it keeps int8's
 range, 0..127, so it reads the same under the int8 scale and lets the next convolution use
 oneDNN's u8 x s8 kernels. Without VNNI (AVX2, AVX-512 before Cascade Lake) those kernels add
-adjacent u8 x s8 products in int16, which saturates once a source value exceeds 127. oneDNN
-guards signed sources itself (it shifts them to unsigned and halves the weights); for unsigned
-sources not known to stay within 0..127 (a model's own uint8 input) the weights are rounded to
-7 bits here, as onnxruntime's reduce_range does.
+adjacent u8 x s8 products in int16, which saturates once a source value exceeds 127. oneDNN's
+convolutions guard signed sources themselves (they shift them to unsigned and halve the
+weights); its matmuls do not. A convolution whose unsigned source can exceed 127 (a model's own
+uint8 input) gets its weights rounded to 7 bits here, as onnxruntime's reduce_range does; a
+matmul whose source can exceed 127 runs in float instead (these are the classifier heads and
+GEMVs, a small part of a CNN's time).
 
 Without the onednn extra the integer ops compute in float from the dequantized operands: the same
 numbers up to float32 rounding, at float speed.
@@ -24,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from . import activations, onednn
+from . import activations, jit, onednn
 from .nhwc import _nhwc_conv_shape, conv_nhwc
 from .nn import _conv_shape, _matmul_shape, conv, conv_geometry, matmul, out_size
 from .registry import KernelSpec, OutputShapes, Run, check_attrs, norm_axis, refuse, register
@@ -32,6 +34,7 @@ from .registry import KernelSpec, OutputShapes, Run, check_attrs, norm_axis, ref
 QUANT_DTYPES = {"int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8)}
 ONNX_DTYPES = {2: np.dtype(np.uint8), 3: np.dtype(np.int8)}  # TensorProto data types Q/DQ may name
 BOUNDED = 127  # the largest value a int8-ranged uint8 tensor holds
+MIN_INTEGER_ROWS = 4  # fewer rows than this: a matrix-vector product, faster in float (bench/runtime.py --int8)
 
 
 def _q_dtype(spec: KernelSpec) -> np.dtype | None:
@@ -80,6 +83,8 @@ def quantize_linear(spec: KernelSpec) -> Run:
     info = np.iinfo(dtype)
 
     def run(x: np.ndarray, scale: np.ndarray, zero_point: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        if jit.AVAILABLE and scale.size == 1 and (zero_point is None or zero_point.size == 1) and x.dtype == np.float32:
+            return (jit.quantize(x, float(scale.reshape(-1)[0]), 0 if zero_point is None else int(zero_point.reshape(-1)[0]), dtype),)
         y = np.rint(x / shaped(scale, x.ndim).astype(x.dtype, copy=False))
         if zero_point is not None and np.any(zero_point):
             y += shaped(zero_point, x.ndim)
@@ -128,16 +133,24 @@ def quantization(spec: KernelSpec, w_scale: np.ndarray) -> onednn.Quantized:
 
 def _saturation_safe(spec: KernelSpec) -> bool:
     """True where oneDNN's integer kernels cannot saturate on this node (see the module docstring)."""
-    return onednn.EXACT_INT8 or spec.dtypes[0] != np.uint8 or spec.attr("x_max", 255) <= BOUNDED
+    if onednn.EXACT_INT8:
+        return True
+    if spec.dtypes[0] == np.uint8:
+        return bool(spec.attr("x_max", 255) <= BOUNDED)
+    return spec.op != "QMatMul"  # oneDNN's convolutions compensate signed sources, its matmuls do not
 
 
 def _weights(spec: KernelSpec) -> tuple[np.ndarray, np.ndarray]:
-    """Int8 weights and their per-output-channel scales, rounded to 7 bits where 8 could saturate."""
+    """Int8 weights and their per-output-channel scales."""
     w = spec.const(1)
     if w is None or w.dtype != np.int8:
         raise refuse(spec, "weights that are not a constant int8 tensor", "constant int8 weights")
-    scale = np.asarray(spec.attr("w_scale"), dtype=np.float32).reshape(-1)
-    if _saturation_safe(spec) or np.abs(w.astype(np.int16)).max(initial=0) <= 64:
+    return w, np.asarray(spec.attr("w_scale"), dtype=np.float32).reshape(-1)
+
+
+def _narrowed(w: np.ndarray, scale: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The weights rounded to 7 bits (and their scales doubled) unless they already fit."""
+    if np.abs(w.astype(np.int16)).max(initial=0) <= 64:
         return w, scale
     return np.rint(w / np.float32(2)).astype(np.int8), scale * 2
 
@@ -189,6 +202,8 @@ def qconv(spec: KernelSpec) -> Run:
     check_attrs(spec, _CONV_ATTRS | _Q_ATTRS)
     nhwc = spec.op == "QConvNHWC"
     w, scale = _weights(spec)
+    if not _saturation_safe(spec):
+        w, scale = _narrowed(w, scale)
     o, _, kh, kw = w.shape
     group = spec.attr("group", 1)
     post = _post_op(spec)
@@ -216,14 +231,17 @@ def qmatmul(spec: KernelSpec) -> Run:
     check_attrs(spec, _Q_ATTRS)
     w, scale = _weights(spec)
     post = _post_op(spec)
-    if not onednn.AVAILABLE or post is False:
+    if not onednn.AVAILABLE or post is False or not _saturation_safe(spec):
         return _float_twin(spec, "FusedMatMul", w, scale, 1)[1]
     bias = spec.const(2) if spec.has(2) else None
     if spec.has(2) and (bias is None or bias.ndim != 1):
         raise refuse(spec, "a bias that is not a constant vector", "a constant float32 bias of shape (N,)")
     dense = onednn.Dense(w, bias, post, residual=spec.has(3), name=spec.name, quant=quantization(spec, scale))  # type: ignore[arg-type]
     residual_inplace = 3 in spec.inplace
+    few_rows = _float_twin(spec, "FusedMatMul", w, scale, 1)[1]
 
-    def run(a: np.ndarray, _w: Any, _bias: Any = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+    def run(a: np.ndarray, _w: Any, bias_: Any = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        if a.size < MIN_INTEGER_ROWS * a.shape[-1]:  # a GEMV: oneDNN's integer path costs more than float
+            return few_rows(a, None, bias_, residual)
         return (dense(a, residual, overwrite_residual=residual_inplace),)
     return run

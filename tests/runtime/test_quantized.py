@@ -218,3 +218,25 @@ def test_block_quantization_is_refused_at_compile_time() -> None:
                        {"s": np.ones((4, 2), np.float32)})
     with pytest.raises(UnsupportedOpError, match="block_size=2"):
         run_kubetrt(model, {"q": x.astype(np.int8)})
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_integer_matmuls_match_onnxruntime(rows: int) -> None:
+    """Two Dense layers as the quantizer writes them, at a GEMV and a GEMM: the first reads a
+    signed source, the second the first's ReLU'd uint8 result (integers end to end where they
+    cannot saturate, float where they could: the same numbers either way)."""
+    init: dict[str, np.ndarray] = {}
+    x = f32(rows, 32)
+    nodes = _qdq("x", float(np.abs(x).max()) / 127, "xd", init) + _weights("w", f32(32, 24, scale=0.3), 1, init)
+    nodes += [node("MatMul", ["xd", "w"], ["m"]), node("Relu", ["m"], ["r"])]
+    nodes += _qdq("r", 0.05, "rd", init) + _weights("w2", f32(24, 12), 1, init)
+    nodes += [node("MatMul", ["rd", "w2"], ["m2"]), node("Add", ["m2", "b"], ["y"])]
+    init["b"] = f32(12)
+    model = make_model(nodes, {"x": x}, ["y"], init)
+    g = optimize(from_proto(model))
+    assert [n.op for n in g.nodes] == ["QuantizeLinear", "QMatMul", "QMatMul"]
+    assert g.nodes[1].attrs["y_dtype"] == "uint8" and g.nodes[2].attrs["x_max"] == 127
+    (want,) = run_ort(model, {"x": x})
+    (got,) = run_kubetrt(model, {"x": x})
+    # one rounding of the ReLU'd result to the 0.05 grid, where onnxruntime also rounds before ReLU
+    np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(init["w2_q"] * init["w2_s"]).sum(axis=0).max())
