@@ -136,7 +136,10 @@ def verify_op(package: Input[Model], engine: Input[Artifact], target: str, key: 
 
 @dsl.component(**_COMPONENT)
 def deploy_op(engines: List[str], store: str, s3_endpoint: str, signature: str, deployment: Output[Artifact]) -> str:
-    """Emit the ModelDeployment naming the verified engines (YAML artifact; returned as text too)."""
+    """Emit the ModelDeployment naming the verified engines (YAML artifact; returned as text too).
+
+    The stored package's manifest gives the name, version and, for int8 engines, the calibration
+    record the ModelDeployment must carry."""
     import json
     from pathlib import Path
 
@@ -154,7 +157,7 @@ def deploy_op(engines: List[str], store: str, s3_endpoint: str, signature: str, 
         manifest = read_manifest(engine_store.fetch_package(digest, Path(tmp) / "pkg"))
     resource = model_deployment(
         manifest.name, manifest.version, engine_store.package_uri(digest), records,
-        store_uri=engine_store.uri, signature=signature,
+        store_uri=engine_store.uri, signature=signature, quantization=manifest.quantization,
     )
     text = to_yaml(resource)
     Path(deployment.path).write_text(text)
@@ -242,25 +245,35 @@ def run_local(
     version: str = "1",
     signature: str = "serving_default",
     s3_endpoint: str = "",
+    calibration: str = "",
+    calibration_method: str = "minmax",
+    calibration_preprocess: str = "",
     verbose: bool = False,
 ) -> str:
     """Run the pipeline with kfp.local (subprocesses, this environment); returns the ModelDeployment YAML.
 
     kfp.local is chatty (every task's full log); unless `verbose`, its output goes to
     <pipeline_root>/kfp-local.log and only one progress line per finished task is shown.
-    A failure raises RuntimeError carrying the failing task's last log lines.
+    A failure raises RuntimeError carrying the failing task's last log lines. Targets and
+    calibration are checked first (int8 targets need `calibration`): a bad request starts nothing.
     """
     from kfp import local
 
+    from kubetrt.pipeline.stages import check_calibration_request
     from kubetrt.runtime.target import parse_target
 
-    specs = [parse_target(t).spec() for t in targets]  # fail before starting anything
+    parsed = [parse_target(t) for t in targets]  # fail before starting anything
+    check_calibration_request(parsed, calibration, calibration_method, calibration_preprocess)
+    if calibration and "://" not in calibration:
+        calibration = str(Path(calibration).expanduser().resolve())  # the tasks' working directory may differ
+    specs = [t.spec() for t in parsed]
     root = Path(pipeline_root)
     root.mkdir(parents=True, exist_ok=True)
     local.init(runner=local.SubprocessRunner(use_venv=False), pipeline_root=str(root), raise_on_error=True)
     pipeline = make_pipeline(specs)
     kwargs = dict(source=source, store=store, targets=specs, name=name, version=version, signature=signature,
-                  s3_endpoint=s3_endpoint)
+                  s3_endpoint=s3_endpoint, calibration=calibration, calibration_method=calibration_method,
+                  calibration_preprocess=calibration_preprocess)
     if verbose:
         return str(pipeline(**kwargs).output)
     log_path = root / "kfp-local.log"

@@ -506,16 +506,20 @@ def check_model(model: Any, info: SavedModelInfo) -> None:
         raise LowerError(f"{info.path}: the ONNX graph tf2onnx produced is invalid ({e})") from e
 
 
-def check_onnxruntime(model_path: Path, batches: Batches) -> OnnxCheck:
-    """Run model.onnx under onnxruntime on the golden inputs; refuse if it disagrees with TensorFlow."""
+def _onnxruntime_session(model_path: Path, what: str) -> Any:
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     options.log_severity_level = 3
     try:
-        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
     except Exception as e:  # onnxruntime raises its own exception types, not exported uniformly
-        raise LowerError(f"onnxruntime cannot load the lowered graph ({type(e).__name__}: {e})") from e
+        raise LowerError(f"onnxruntime cannot load the {what} graph ({type(e).__name__}: {e})") from e
+
+
+def check_onnxruntime(model_path: Path, batches: Batches) -> OnnxCheck:
+    """Run model.onnx under onnxruntime on the golden inputs; refuse if it disagrees with TensorFlow."""
+    session = _onnxruntime_session(model_path, "lowered")
     # onnxruntime computes on the host at TensorFlow's own precision
     tol = tolerance_for("fp32", HOST)
     worst = OnnxCheck(0.0, "", tol)
@@ -537,14 +541,7 @@ def check_int8_onnxruntime(model_path: Path, inputs: Mapping[str, np.ndarray],
                            expected: Mapping[str, np.ndarray]) -> dict[str, Any]:
     """Run the Q/DQ model under onnxruntime on the held-out inputs: it must load and run, and how far
     it lands from TensorFlow is recorded (judging it is the accuracy gate's job, not lowering's)."""
-    import onnxruntime as ort
-
-    options = ort.SessionOptions()
-    options.log_severity_level = 3
-    try:
-        session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
-    except Exception as e:  # onnxruntime raises its own exception types, not exported uniformly
-        raise LowerError(f"onnxruntime cannot load the quantized graph ({type(e).__name__}: {e})") from e
+    session = _onnxruntime_session(model_path, "quantized")
     names = list(expected)
     n = int(next(iter(inputs.values())).shape[0])
     got: dict[str, list[np.ndarray]] = {k: [] for k in names}

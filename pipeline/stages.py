@@ -11,14 +11,15 @@ from __future__ import annotations
 import logging
 import os
 import tempfile
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Iterable
 
 from kubetrt.runtime.coverage import describe
 from kubetrt.telemetry import progress
 from kubetrt.telemetry.logs import log
-from kubetrt.pipeline.sources import fetch_model
+from kubetrt.pipeline.calibration import DEFAULT_METHOD, FORMATS, CalibrationError, CalibrationOptions, check_source
+from kubetrt.pipeline.sources import fetch_model, parse_uri
 from kubetrt.pipeline.store import (
     EngineStore,
     assemble_package,
@@ -238,6 +239,28 @@ class PipelineResult:
     deployment: dict[str, Any]
 
 
+def check_calibration_request(targets: Iterable[Target], calibration: str, method: str = DEFAULT_METHOD,
+                              preprocess: str = "") -> None:
+    """Refuse at the start of a pipeline run what would otherwise fail after ingest and lowering:
+    int8 targets without calibration data, calibration options without data, a bad method or
+    preprocessing, local data that is not there. Raises CalibrationError saying what to give."""
+    calibrated = sorted({t.spec() for t in targets if t.precision in CALIBRATED_PRECISIONS})
+    if not calibration:
+        if calibrated:
+            raise CalibrationError(f"target(s) {', '.join(calibrated)} build int8 engines, which need calibration "
+                                   f"data: give --calibration DATA ({FORMATS})")
+        given = [flag for flag, on in (("--calibration-method", method != DEFAULT_METHOD),
+                                       ("--calibration-preprocess", bool(preprocess))) if on]
+        if given:
+            raise CalibrationError(f"{', '.join(given)} need --calibration DATA (the data the INT8 model is "
+                                   "calibrated on)")
+        return
+    options = CalibrationOptions(calibration, method=method, preprocess=preprocess or None)  # checks the options
+    loc = parse_uri(calibration)
+    if loc.scheme == "file":
+        check_source(replace(options, source=loc.path))
+
+
 def run_pipeline(
     source: str,
     store_uri: str,
@@ -248,19 +271,29 @@ def run_pipeline(
     signature: str = "serving_default",
     version: str = "1",
     s3_endpoint: str | None = None,
+    calibration: str = "",
+    calibration_method: str = DEFAULT_METHOD,
+    calibration_preprocess: str = "",
 ) -> PipelineResult:
-    """Run every stage in this process: what `kubetrt pipeline run --no-kfp` and the demo use."""
+    """Run every stage in this process: what `kubetrt pipeline run --no-kfp` and the demo use.
+
+    `calibration` (a path, file://, s3:// or gs:// URI) gives the package its INT8 model; int8
+    targets need it, and are refused before anything is fetched when it is missing."""
     from kubetrt.pipeline.deploy import model_deployment
 
     parsed = [parse_target(t) if isinstance(t, str) else t for t in targets]
     if not parsed:
         raise TargetError("no targets given; expected at least one, e.g. --target host")
+    check_calibration_request(parsed, calibration, calibration_method, calibration_preprocess)
     store = open_store(store_uri, s3_endpoint=s3_endpoint)
     workdir = Path(workdir)
     info = ingest_stage(source, workdir, signature, s3_endpoint=s3_endpoint)
-    package_dir = lower_stage(info, workdir / "package", name=name, signature=signature, version=version)
+    package_dir = lower_stage(info, workdir / "package", name=name, signature=signature, version=version,
+                              calibration=calibration, calibration_method=calibration_method,
+                              calibration_preprocess=calibration_preprocess, s3_endpoint=s3_endpoint)
     digest = store.publish_package(package_dir)
     records = [build_verify_publish(package_dir, t, store, workdir) for t in parsed]
     manifest = open_package(package_dir)
-    deployment = model_deployment(manifest.name, manifest.version, store.package_uri(digest), records)
+    deployment = model_deployment(manifest.name, manifest.version, store.package_uri(digest), records,
+                                  quantization=manifest.quantization)
     return PipelineResult(package_dir, digest, store.package_uri(digest), records, deployment)

@@ -5,8 +5,9 @@ Layout under a root (a local directory, a PVC mount path, or an s3:// prefix):
     <model digest>/package/            the model package the engines were built from
     <model digest>/<target key>/       engine files + report.json (verification report)
 
-The model digest covers everything an engine and its verification depend on (model.onnx and
-golden.npz digests, inputs and outputs), so the same model lowered twice maps to the same place.
+The model digest covers what an engine and its verification depend on (what the model was
+lowered from and how, its inputs and outputs, and for a calibrated package how it was calibrated
+and on which data), so the same model lowered twice maps to the same place.
 
 Publishing never exposes a partial engine. Locally the engine is written into a hidden sibling
 temp directory and renamed into place (readers skip dot-directories). On S3 the files go up
@@ -30,6 +31,8 @@ from kubetrt.pipeline.errors import PipelineError
 from kubetrt.pipeline.sources import Uri, parse_uri, s3_client, s3_download_prefix, s3_error, s3_upload_dir
 from kubetrt.runtime.package import (
     ENGINES,
+    HELDOUT,
+    MODEL_INT8_ONNX,
     Manifest,
     PackageError,
     open_package,
@@ -64,7 +67,8 @@ def model_digest(manifest: Manifest) -> str:
     rounding), so golden.npz differs in its last bits when the same SavedModel is lowered twice;
     keying on it would rebuild engines for an unchanged model. The SavedModel digest, signature,
     lowering settings and tool versions are stable. Packages without a source digest fall back to
-    their file digests.
+    their file digests. A calibrated package adds its int8 identity (see `_int8_identity`); packages
+    without model.int8.onnx or heldout.npz keep the digest they always had.
     """
     source = manifest.source.get("digest")
     tools = ("tensorflow", "tf2onnx", "onnx", "kubetrt")
@@ -79,7 +83,33 @@ def model_digest(manifest: Manifest) -> str:
     }
     if not source:
         payload = {**payload, "files": {k: v for k, v in sorted(manifest.files.items()) if not k.startswith(ENGINES + "/")}}
+    int8 = _int8_identity(manifest)
+    if int8 is not None:
+        payload = {**payload, "int8": int8}
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def _int8_identity(manifest: Manifest) -> dict[str, Any] | None:
+    """What a calibrated package adds to its address; None for a package without int8 files.
+
+    As for the float model, how the int8 model was made, not its bytes: model.int8.onnx inherits
+    model.onnx's node names, which tf2onnx numbers per process, and heldout.npz holds TensorFlow's
+    outputs with golden.npz's last-bit noise. The quantization record (calibration data digest and
+    source, split, method, percentile, float layers, onnxruntime version) and the held-out samples'
+    digest are stable and change whenever the int8 model or its held-out data would. The source
+    counts because an int8 build refuses a package recorded with other data. A package with no
+    record of its calibration falls back to the files' digests.
+    """
+    files = {k: manifest.files[k] for k in (MODEL_INT8_ONNX, HELDOUT) if k in manifest.files}
+    if not files:
+        return None
+    if not manifest.quantization.get("calibration"):
+        return {"files": files}
+    outcomes = ("check", "coverage")  # measured on the result (TensorFlow noise), not how it was made
+    return {
+        "quantization": {k: v for k, v in manifest.quantization.items() if k not in outcomes},
+        "heldout": manifest.heldout.get("digest") or files.get(HELDOUT),
+    }
 
 
 def engine_file_digests(engine_dir: Path) -> dict[str, str]:

@@ -213,17 +213,21 @@ def load_heldout(package_dir: str | os.PathLike[str], manifest: Manifest) -> Hel
     if HELDOUT not in manifest.files:
         return None
     path = Path(package_dir) / HELDOUT
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
-        raise PackageError(f"{path}: corrupt held-out file ({e})") from e
+    data = _arrays(path, "held-out")
     try:
         inputs = {t.name: data[f"input.{t.name}"] for t in manifest.inputs}
         outputs = {t.name: data[f"output.{t.name}"] for t in manifest.outputs}
     except KeyError as e:
         raise PackageError(f"{path}: held-out data lacks {e}") from e
     return HeldOut(inputs, outputs, data.get(HELDOUT_LABELS))
+
+
+def _arrays(path: Path, what: str) -> dict[str, np.ndarray]:
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            return {k: z[k] for k in z.files}
+    except (OSError, ValueError) as e:
+        raise PackageError(f"{path}: corrupt {what} file ({e})") from e
 
 
 def golden_key(batch: int, kind: str, name: str) -> str:
@@ -243,11 +247,7 @@ def load_golden(package_dir: str | os.PathLike[str], manifest: Manifest | None =
     """{batch: (inputs, tensorflow_outputs)} as recorded at lowering time."""
     manifest = manifest or read_manifest(package_dir)
     path = Path(package_dir) / GOLDEN
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            data = {k: z[k] for k in z.files}
-    except (OSError, ValueError) as e:
-        raise PackageError(f"{path}: corrupt golden file ({e})") from e
+    data = _arrays(path, "golden")
     result: dict[int, tuple[dict[str, np.ndarray], dict[str, np.ndarray]]] = {}
     for batch in manifest.golden.get("batch_sizes", []):
         try:

@@ -5,6 +5,8 @@ import argparse
 import sys
 from pathlib import Path
 
+from kubetrt.cli.commands.lower import CALIBRATION_METHODS, PRESETS
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     p = subparsers.add_parser("pipeline", help="compile the Kubeflow pipeline, or run it on this machine")
@@ -27,6 +29,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     r.add_argument("--pipeline-root", default=None, help="kfp.local artifact root (default: a temp directory)")
     r.add_argument("-o", "--output", default=None, help="also write the ModelDeployment YAML here")
     r.add_argument("--no-kfp", action="store_true", help="call the stages in this process instead of kfp.local")
+    q = r.add_argument_group("INT8 calibration (int8 targets need it)")
+    q.add_argument("--calibration", default="", metavar="DATA",
+                   help="calibration data for the package's INT8 model (a path, file://, s3:// or gs:// URI): an .npz "
+                   "with one array per model input, a directory of .npy files, or a directory of images")
+    q.add_argument("--calibration-method", choices=CALIBRATION_METHODS, default="minmax",
+                   help="how activation ranges are measured (default: %(default)s)")
+    q.add_argument("--calibration-preprocess", default="", metavar="NAME|MODULE:FN",
+                   help=f"image data only: how pixels become model input ({', '.join(PRESETS)}, or MODULE:FUNCTION)")
     r.set_defaults(func=run_local)
 
 
@@ -42,20 +52,23 @@ def run_local(args: argparse.Namespace) -> int:
     import tempfile
 
     targets = args.target or ["host"]
+    calibration = dict(calibration=args.calibration, calibration_method=args.calibration_method,
+                       calibration_preprocess=args.calibration_preprocess)
     with tempfile.TemporaryDirectory(prefix="kubetrt-pipeline-") as tmp:
         if args.no_kfp:
             from kubetrt.pipeline.deploy import to_yaml
             from kubetrt.pipeline.stages import run_pipeline
 
             result = run_pipeline(args.source, args.store, targets, tmp, name=args.name or None,
-                                  signature=args.signature, version=args.version, s3_endpoint=args.s3_endpoint or None)
+                                  signature=args.signature, version=args.version, s3_endpoint=args.s3_endpoint or None,
+                                  **calibration)
             text = to_yaml(result.deployment)
         else:
             from kubetrt.pipeline.kfp_pipeline import run_local as kfp_run
 
             text = kfp_run(args.source, args.store, targets, args.pipeline_root or Path(tmp) / "kfp",
                            name=args.name, version=args.version, signature=args.signature,
-                           s3_endpoint=args.s3_endpoint, verbose=args.verbose > 0)
+                           s3_endpoint=args.s3_endpoint, verbose=args.verbose > 0, **calibration)
     if args.output:
         Path(args.output).write_text(text)
     sys.stdout.write(text)

@@ -301,7 +301,7 @@ def quantize(x: np.ndarray, scale: float, zero_point: int, dtype: np.dtype) -> n
     """QuantizeLinear with one scale for the whole tensor in one pass (NumPy takes four)."""
     flat = np.ascontiguousarray(x).reshape(-1)
     out = np.empty(flat.size, dtype=dtype)
-    info = np.iinfo(dtype)  # type: ignore[type-var]
+    info = np.iinfo(dtype)
     args = (flat, flat.dtype.type(scale), float(zero_point), float(info.min), float(info.max), out)
     run_split(_quantize, args, flat.size, flat.size)
     return out.reshape(x.shape)

@@ -77,7 +77,7 @@ def _per_axis(spec: KernelSpec) -> Callable[[np.ndarray, int], np.ndarray]:
 def quantize_linear(spec: KernelSpec) -> Run:
     """y = saturate(round_half_even(x / scale) + zero_point)."""
     dtype = _q_dtype(spec)
-    if dtype not in QUANT_DTYPES.values():
+    if dtype is None or dtype not in QUANT_DTYPES.values():
         raise refuse(spec, f"output type {dtype}", "int8 or uint8")
     shaped = _per_axis(spec)
     info = np.iinfo(dtype)
