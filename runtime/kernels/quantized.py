@@ -22,6 +22,7 @@ numbers up to float32 rounding, at float speed.
 """
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -217,10 +218,13 @@ def qconv(spec: KernelSpec) -> Run:
                          quant=quantization(spec, scale))
     residual_inplace = 3 in spec.inplace
 
-    def run(x: np.ndarray, _w: Any, _bias: Any = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        h, wd = x.shape[1:3] if nhwc else x.shape[2:4]
+    @functools.lru_cache(maxsize=64)
+    def geometry(h: int, wd: int) -> tuple[int, int, list[int], list[int]]:
         strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
-        oh, ow = out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+        return out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1]), b, e
+
+    def run(x: np.ndarray, _w: Any, _bias: Any = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        oh, ow, b, e = geometry(*(x.shape[1:3] if nhwc else x.shape[2:4]))
         return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
     return run
 
