@@ -21,10 +21,10 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     infer_shapes(graph)
     if fusion:
         toposort(fuse(graph))
-        quantization.requantize(graph)
-        if layout:
-            infer_shapes(graph)
-            toposort(to_nhwc(graph))
+    quantization.requantize(graph)  # also clears what prepare noted for it
+    if fusion and layout:
+        infer_shapes(graph)
+        toposort(to_nhwc(graph))
     eliminate_dead_nodes(graph)
     infer_shapes(graph)
     return graph

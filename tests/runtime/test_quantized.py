@@ -240,3 +240,15 @@ def test_integer_matmuls_match_onnxruntime(rows: int) -> None:
     (got,) = run_kubetrt(model, {"x": x})
     # one rounding of the ReLU'd result to the 0.05 grid, where onnxruntime also rounds before ReLU
     np.testing.assert_allclose(got, want, rtol=0, atol=0.05 * np.abs(init["w2_q"] * init["w2_s"]).sum(axis=0).max())
+
+
+def test_qdq_graph_compiles_without_fusion() -> None:
+    """Integer ops without fused epilogues still get their requantization and run."""
+    from kubetrt.runtime.executor import SequentialPlan
+    from kubetrt.runtime.program import compile_graph
+
+    model, feeds = residual_block()
+    plan = SequentialPlan(compile_graph(from_proto(model), "host", fusion=False))
+    (got,) = plan.run([feeds["x"]])
+    (want,) = run_ort(model, feeds)
+    np.testing.assert_allclose(got, want, atol=0.03 * np.abs(want).max(), rtol=0)
