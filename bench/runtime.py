@@ -1,6 +1,13 @@
-"""Host runtime vs TensorFlow (SavedModel signature) vs onnxruntime (CPU), side by side.
+"""Host runtime vs TensorFlow (SavedModel signature) vs onnxruntime and OpenVINO (CPU), side by side.
 
-    python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50] [--seconds 3] [--baseline DIR] [--int8]
+    python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50 efficientnet_b0 transformer]
+                            [--engines ...] [--seconds 3] [--rounds 3] [--baseline DIR] [--int8]
+
+onnxruntime and OpenVINO are the peers a user serving on CPUs compares with: both run the package's
+model.onnx, OpenVINO compiled for the cell's exact batch size. The last lines give, per cell, the
+best peer's time over kubetrt's (`best-peer/kubetrt  resnet50 b32: 0.83 (openvino)`): 1.0 is
+parity, above 1 kubetrt is faster. A cell an engine cannot run (a graph OpenVINO refuses, a model
+that does not lower) is reported as failed with the reason; the rest of the run goes on.
 
 `--int8` adds kubetrt and onnxruntime running the same Q/DQ model (the pipeline's quantize stage
 on each model, calibrated with min-max on seeded random inputs: the data changes the scales, not
@@ -11,11 +18,12 @@ engine, `baseline`, taking turns with the others in the same run: a change's bef
 side by side under the same noise.
 
 Each (engine, model, batch) cell runs in its own subprocess, so one engine's thread pools (TF's
-inter-op threads, onnxruntime's spinning workers) never slow another's measurement. Engines are
-interleaved over several rounds and the median round is reported, because a shared 2-core VM
-has noisy spells that would otherwise land on one engine. Batch 1 is the median latency of
-back-to-back calls after warm-up; batch 32 is throughput from the median batch time. The fp32 matmul peak (NumPy sgemm, 4096^3, all cores) is measured in the same run,
-and the host runtime's ResNet50 batch-32 FLOP rate is reported as a fraction of it.
+inter-op threads, onnxruntime's and OpenVINO's workers) never slow another's measurement. Engines
+take turns round by round and each cell reports the median of its rounds' medians, because a
+shared 2-core VM has noisy spells that would otherwise land on one engine. Batch 1 is the median
+latency of back-to-back calls after warm-up; batch 32 is throughput from the median batch time.
+The fp32 matmul peak (NumPy sgemm, 4096^3, all cores) is measured in the same run, and the host
+runtime's ResNet50 batch-32 FLOP rate is reported as a fraction of it.
 """
 from __future__ import annotations
 
@@ -32,11 +40,18 @@ from typing import Any, Callable
 import numpy as np
 
 HERE = Path(__file__).resolve().parent
-ENGINES = ("kubetrt", "tensorflow", "onnxruntime")
+ENGINES = ("kubetrt", "tensorflow", "onnxruntime", "openvino")
+PEERS = ("onnxruntime", "openvino")  # the CPU runtimes kubetrt is held to (best-peer/kubetrt)
 INT8_ENGINES = ("kubetrt-int8", "onnxruntime-int8")
 BASELINE = "baseline"
 CALIBRATION_SAMPLES = 8
-MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50")
+MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50", "efficientnet_b0", "transformer")
+BATCHES = (1, 32)
+ERROR_CHARS = 400  # a failed cell's reason, one line
+
+
+class WorkerFailed(RuntimeError):
+    """A measuring subprocess that could not build or run its engine; the message is the reason."""
 
 
 def _progress(msg: str) -> None:
@@ -71,7 +86,25 @@ def int8_model(package: Path) -> Path:
     return out
 
 
-def runner(engine: str, package: Path, savedmodel: Path) -> Callable[[dict[str, np.ndarray]], Any]:
+def openvino_compiled(model_path: Path, feeds: dict[str, np.ndarray], perf_count: bool = False) -> Any:
+    """OpenVINO's CPU plugin compiled from `model_path` for exactly the feeds' shapes (the cell's batch).
+
+    The LATENCY hint at batch 32 too, not THROUGHPUT: each cell sends one request at a time, like
+    every other engine here, and THROUGHPUT's parallel streams only pay off with several requests
+    in flight. f32 inference precision, because on CPUs with bf16 units OpenVINO otherwise
+    computes in bf16 by default, and the other engines are measured in fp32."""
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(str(model_path))
+    model.reshape({name: list(x.shape) for name, x in feeds.items()})
+    config: dict[str, Any] = {"PERFORMANCE_HINT": "LATENCY", "INFERENCE_PRECISION_HINT": "f32"}
+    if perf_count:
+        config["PERF_COUNT"] = True
+    return core.compile_model(model, "CPU", config)
+
+
+def runner(engine: str, package: Path, savedmodel: Path, feeds: dict[str, np.ndarray]) -> Callable[[dict[str, np.ndarray]], Any]:
     if engine == "kubetrt-int8":
         from kubetrt.runtime.devices.host import RUNTIME
         from kubetrt.runtime.onnx_import import load_onnx
@@ -94,13 +127,17 @@ def runner(engine: str, package: Path, savedmodel: Path) -> Callable[[dict[str, 
 
         sess = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
         return lambda feeds: sess.run(None, feeds)
+    if engine == "openvino":
+        request = openvino_compiled(package / "model.onnx", feeds).create_infer_request()
+        # inputs read in place, as onnxruntime does; outputs copied out, as every engine returns fresh arrays
+        return lambda feeds: request.infer(feeds, share_inputs=True)
     if engine == "tensorflow":
         from kubetrt.pipeline.ingest import tensorflow
 
         tf = tensorflow()
         fn = tf.saved_model.load(str(savedmodel)).signatures["serving_default"]
         return lambda feeds: fn(**{k: tf.constant(v) for k, v in feeds.items()})
-    raise ValueError(engine)
+    raise ValueError(f"unknown engine {engine!r}; expected one of {', '.join(ENGINES + INT8_ENGINES + (BASELINE,))}")
 
 
 def time_calls(run: Callable[[Any], Any], feeds: Any, seconds: float, min_reps: int) -> list[float]:
@@ -121,8 +158,9 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
     if engine == BASELINE:
         sys.path.insert(0, str(HERE))
         import _bootstrap  # noqa: F401  (reads KUBETRT_BENCH_CHECKOUT before kubetrt is imported)
-    run = runner(engine, package, savedmodel)
-    times = time_calls(run, feeds_for(package, batch), seconds, min_reps=5 if batch > 1 else 20)
+    feeds = feeds_for(package, batch)
+    run = runner(engine, package, savedmodel, feeds)
+    times = time_calls(run, feeds, seconds, min_reps=5 if batch > 1 else 20)
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
     return {"source": source, "engine": engine, "model": model, "batch": batch, "median_s": med, "reps": len(times), "items_per_s": batch / med}
@@ -174,14 +212,77 @@ def model_flops(package: Path) -> float:
     return total
 
 
+def one_line(text: str) -> str:
+    """A reason fit for one line of the report: whitespace collapsed, cut at ERROR_CHARS."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= ERROR_CHARS else flat[: ERROR_CHARS - 3] + "..."
+
+
 def spawn(args: list[str], checkout: Path | None = None) -> dict[str, Any]:
+    """The worker's JSON result, or WorkerFailed with its reason (its own error line, else how it died)."""
     env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
     if checkout is not None:
         env["KUBETRT_BENCH_CHECKOUT"] = str(checkout)
     proc = subprocess.run([sys.executable, str(Path(__file__)), *args], capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        raise RuntimeError(f"bench worker {args} failed:\n{proc.stderr[-2000:]}")
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    lines = proc.stdout.strip().splitlines()
+    try:
+        result = json.loads(lines[-1]) if lines else None
+    except json.JSONDecodeError:
+        result = None
+    if proc.returncode == 0 and isinstance(result, dict) and "error" not in result:
+        return result
+    if isinstance(result, dict) and "error" in result:
+        raise WorkerFailed(str(result["error"]))
+    died = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exited with {proc.returncode}"
+    tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+    raise WorkerFailed(one_line(f"worker {died}: {tail[0]}"))
+
+
+def measure(models: list[str], engines: list[str], paths: dict[str, tuple[Path, Path]], seconds: float, rounds: int,
+            baseline: Path | None) -> tuple[dict[tuple[str, str, int], dict[str, Any]], dict[tuple[str, str, int], str]]:
+    """Per cell, the median of the rounds' medians, engines taking turns round by round so a noisy
+    spell hits all of them alike; and, per failed cell, its reason (a failed engine sits out the
+    cell's later rounds: what failed to build once fails again)."""
+    results: dict[tuple[str, str, int], dict[str, Any]] = {}
+    failures: dict[tuple[str, str, int], str] = {}
+    for m in models:
+        for batch in BATCHES:
+            cells: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
+            for r in range(rounds):
+                for e in engines:
+                    if (e, m, batch) in failures:
+                        continue
+                    _progress(f"{m} batch {batch} {e} (round {r + 1}/{rounds})")
+                    args = ["--worker", e, m, str(batch), *map(str, paths[m]), "--seconds", str(seconds / rounds)]
+                    try:
+                        cells[e].append(spawn(args, baseline if e == BASELINE else None))
+                    except WorkerFailed as err:
+                        failures[(e, m, batch)] = str(err)
+                        _progress(f"{m} batch {batch} {e} failed: {err}")
+            for e, runs in cells.items():
+                if (e, m, batch) not in failures:
+                    results[(e, m, batch)] = sorted(runs, key=lambda c: c["median_s"])[len(runs) // 2]
+    return results, failures
+
+
+def best_peer_lines(times: dict[tuple[str, str, int], float], models: list[str], engines: list[str]) -> list[str]:
+    """Per cell, the faster peer's time over kubetrt's (fp32 only); `times` lacks failed cells."""
+    peers = [e for e in PEERS if e in engines]
+    if "kubetrt" not in engines or not peers:
+        return []
+    lines = []
+    for m in models:
+        for batch in BATCHES:
+            head = f"best-peer/kubetrt  {m} b{batch}:"
+            ran = [(times[(e, m, batch)], e) for e in peers if (e, m, batch) in times]
+            if ("kubetrt", m, batch) not in times:
+                lines.append(f"{head} n/a (kubetrt failed)")
+            elif not ran:
+                lines.append(f"{head} n/a ({' and '.join(peers)} failed)")
+            else:
+                best, peer = min(ran)
+                lines.append(f"{head} {best / times[('kubetrt', m, batch)]:.2f} ({peer})")
+    return lines
 
 
 def main() -> int:
@@ -197,7 +298,12 @@ def main() -> int:
     a = p.parse_args()
     if a.worker:
         engine, model, batch, package, savedmodel = a.worker
-        print(json.dumps(worker(engine, model, int(batch), a.seconds, Path(package), Path(savedmodel))))
+        try:
+            result = worker(engine, model, int(batch), a.seconds, Path(package), Path(savedmodel))
+        except Exception as err:  # noqa: BLE001 - any engine's refusal is this cell's reason, reported, not raised
+            print(json.dumps({"error": one_line(f"{type(err).__name__}: {err}")}))
+            return 1
+        print(json.dumps(result))
         return 0
     if a.peak:
         print(json.dumps({"gflops": matmul_peak()}))
@@ -208,69 +314,84 @@ def main() -> int:
 
     z = zoo()
     paths: dict[str, tuple[Path, Path]] = {}
+    unprepared: dict[str, str] = {}  # model -> why it could not be lowered (or quantized)
     engines = list(a.engines) + [e for e in INT8_ENGINES if a.int8 and e not in a.engines]
     for m in a.models:  # build/cache outside the timed workers
         _progress(f"preparing {m}")
-        paths[m] = (z.package(m), z.savedmodel(m))
-        if any(e in INT8_ENGINES for e in engines):
-            _progress(f"quantizing {m}")
-            int8_model(paths[m][0])
+        try:
+            paths[m] = (z.package(m), z.savedmodel(m))
+            if any(e in INT8_ENGINES for e in engines):
+                _progress(f"quantizing {m}")
+                int8_model(paths[m][0])
+        except Exception as err:  # noqa: BLE001 - a model that does not lower is reported, the others still run
+            paths.pop(m, None)
+            unprepared[m] = one_line(f"{type(err).__name__}: {err}")
+            _progress(f"{m} left out: {unprepared[m]}")
+    models = [m for m in a.models if m in paths]
     if a.baseline is not None:
         if not (a.baseline / "pyproject.toml").is_file():
             p.error(f"--baseline {a.baseline}: not a kubetrt checkout (no pyproject.toml)")
         engines.append(BASELINE)
     _progress("measuring fp32 matmul peak")
     peak = spawn(["--peak"])["gflops"]
-    results: dict[tuple[str, str, int], dict[str, Any]] = {}
-    for m in a.models:
-        for batch in (1, 32):
-            rounds: dict[str, list[dict[str, Any]]] = {e: [] for e in engines}
-            for r in range(a.rounds):  # engines interleaved, so a noisy spell hits all of them
-                for e in engines:
-                    _progress(f"{m} batch {batch} {e} (round {r + 1}/{a.rounds})")
-                    args = ["--worker", e, m, str(batch), *map(str, paths[m]), "--seconds", str(a.seconds / a.rounds)]
-                    rounds[e].append(spawn(args, a.baseline if e == BASELINE else None))
-            for e, cells in rounds.items():
-                results[(e, m, batch)] = sorted(cells, key=lambda c: c["median_s"])[len(cells) // 2]
+    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline)
 
     from kubetrt.runtime.kernels import blas, onednn
 
+    times = {cell: r["median_s"] for cell, r in results.items()}
     print(f"\nfp32 matmul peak (NumPy sgemm 4096^3, {os.cpu_count()} cores): {peak:.1f} GFLOP/s")
     if a.baseline is not None:
-        sources = {e: results[(e, a.models[0], 1)]["source"] for e in ("kubetrt", BASELINE) if e in engines}
+        sources: dict[str, str] = {}
+        for (e, _, _), r in results.items():
+            if e in ("kubetrt", BASELINE):
+                sources.setdefault(e, r["source"])
         print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
     print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}\n")
-    head = f"{'model':<14}{'batch':>6}" + "".join(f"{e:>18}" for e in engines)
+    head = f"{'model':<16}{'batch':>6}" + "".join(f"{e:>18}" for e in engines)
     if "kubetrt" in engines:
         head += "".join(f"{'vs ' + e:>21}" for e in engines if e != "kubetrt")
     print(head)
     print("-" * len(head))
-    for m in a.models:
-        for batch in (1, 32):
-            row = f"{m:<14}{batch:>6}"
-            cells = {e: results[(e, m, batch)] for e in engines}
+    for m in models:
+        for batch in BATCHES:
+            row = f"{m:<16}{batch:>6}"
             for e in engines:
-                r = cells[e]
-                row += f"{r['median_s'] * 1e3:>15.2f} ms" if batch == 1 else f"{r['items_per_s']:>14.1f} i/s"
-            if "kubetrt" in cells:
+                cell = results.get((e, m, batch))
+                if cell is None:
+                    row += f"{'failed':>18}"
+                else:
+                    row += f"{cell['median_s'] * 1e3:>15.2f} ms" if batch == 1 else f"{cell['items_per_s']:>14.1f} i/s"
+            if "kubetrt" in engines:
+                mine = times.get(("kubetrt", m, batch))
                 for e in engines:
                     if e != "kubetrt":
-                        ratio = cells[e]["median_s"] / cells["kubetrt"]["median_s"]
-                        row += f"{ratio:>20.2f}x"
+                        other = times.get((e, m, batch))
+                        row += f"{other / mine:>20.2f}x" if other is not None and mine is not None else f"{'-':>21}"
             print(row)
     print("\nratios: >1 means kubetrt is faster (batch 1: latency ratio; batch 32: throughput ratio)")
     if "kubetrt-int8" in engines:
         print("\nkubetrt int8 speed-up (time of the other / time of kubetrt int8):")
-        for m in a.models:
-            for batch in (1, 32):
-                cells = {e: results[(e, m, batch)]["median_s"] for e in engines}
-                ratios = ", ".join(f"vs {e} {cells[e] / cells['kubetrt-int8']:.2f}x" for e in engines if e != "kubetrt-int8")
-                print(f"  {m:<14} batch {batch:>2}: {ratios}")
+        for m in models:
+            for batch in BATCHES:
+                int8 = times.get(("kubetrt-int8", m, batch))
+                ratios = ", ".join(f"vs {e} {times[(e, m, batch)] / int8:.2f}x" for e in engines
+                                   if e != "kubetrt-int8" and int8 is not None and (e, m, batch) in times)
+                print(f"  {m:<16} batch {batch:>2}: {ratios or 'n/a (kubetrt-int8 failed)'}")
         print(f"bf16: {bf16_note()}")
-    if "resnet50" in a.models and "kubetrt" in engines:
-        flops = model_flops(z.package("resnet50"))
+    if ("kubetrt", "resnet50", 32) in results:
+        flops = model_flops(paths["resnet50"][0])
         rate = flops * results[("kubetrt", "resnet50", 32)]["items_per_s"] / 1e9
         print(f"resnet50 batch 32 on kubetrt: {flops / 1e9:.2f} GFLOP/image -> {rate:.1f} GFLOP/s = {100 * rate / peak:.0f}% of the matmul peak")
+    if unprepared or failures:
+        print("\nnot measured:")
+        for m, why in unprepared.items():
+            print(f"  {m}: could not be prepared: {why}")
+        for (e, m, batch), why in failures.items():
+            print(f"  {m} batch {batch} on {e}: {why}")
+    lines = best_peer_lines(times, models, engines)
+    if lines:
+        print(f"\nbest peer ({' or '.join(e for e in PEERS if e in engines)}) time / kubetrt time, fp32; 1.0 = parity, >1 kubetrt is faster:")
+        print("\n".join(lines))
     return 0
 
 

@@ -138,6 +138,15 @@ def build_resnet50(path: Path) -> None:
     _export(model, path)
 
 
+def build_efficientnet_b0(path: Path) -> None:
+    keras = _keras()
+    keras.utils.set_random_seed(13)
+    inp = keras.Input((224, 224, 3), name="image")
+    model = keras.applications.EfficientNetB0(input_tensor=inp, weights=None)
+    randomize_batchnorm(model, np.random.default_rng(13))
+    _export(model, path)
+
+
 def build_two_in_two_out(path: Path) -> None:
     """Inputs of different dtype and rank, two named outputs of different rank (tf.Module)."""
     from kubetrt.pipeline.ingest import tensorflow
@@ -290,6 +299,7 @@ MODELS: dict[str, ZooModel] = {
         ZooModel("two_in_two_out", build_two_in_two_out, False, "features f32[-1,8] + ids i32[-1,2,3] -> logits, score"),
         ZooModel("mobilenet_v2", build_mobilenet_v2, True, "keras.applications.MobileNetV2, 224x224x3, random weights"),
         ZooModel("resnet50", build_resnet50, True, "keras.applications.ResNet50, 224x224x3, random weights"),
+        ZooModel("efficientnet_b0", build_efficientnet_b0, True, "keras.applications.EfficientNetB0, 224x224x3, random weights"),
         ZooModel("unet", build_unet, False, "32x32x3 encoder-decoder: Conv2DTranspose, skip concat, UpSampling2D nearest+bilinear"),
         ZooModel("resize", build_resize, False, "12x16x3 -> Resizing bilinear/nearest, up and down"),
         ZooModel("lstm", build_lstm, False, "sequence f32[-1,-1,12] -> LSTM 24 (sequences) -> LSTM 16 -> Dense 4",

@@ -1,0 +1,256 @@
+"""Where the time goes, per op type: kubetrt's host plan against onnxruntime's and OpenVINO's own profilers.
+
+    python bench/op_profile.py MODEL [--batch N] [--runs R] [--top K]
+
+All three run the package's model.onnx on the same feeds (bench/runtime.py's, OpenVINO compiled
+the same way), each in its own subprocess so one runtime's thread pools never slow another's.
+kubetrt: every step of the host plan is wrapped in a timer, by the kernel's op (fused kernels
+keep their fused names); onnxruntime: `enable_profiling`, node events summed per op type;
+OpenVINO: `PERF_COUNT`, per-layer real time by node type, with the implementation it chose
+(exec_type) for its top layers.
+
+Per runtime: the plain run time (median, no profiler), the profiled run time and the op times' sum
+(both means over the same R runs, after warm-up); the gap between the last two is the runtime's
+own overhead per run (for kubetrt, the executor's). A profiler costs time per op too: onnxruntime's
+adds microseconds to every node, so on tiny graphs its op times exceed the plain run and only
+their shares compare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections import defaultdict
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+RUNTIMES = ("kubetrt", "onnxruntime", "openvino")
+WARMUP = 3
+
+
+def _bench_runtime() -> Any:
+    """bench/runtime.py (this script's folder is first on sys.path): its feeds and OpenVINO compile."""
+    import importlib
+
+    return importlib.import_module("runtime")
+
+
+def _progress(msg: str) -> None:
+    print(f"[profile] {msg}", file=sys.stderr, flush=True)
+
+
+def wall_ms(run: Callable[[], Any], runs: int, warmup: int = WARMUP, after: Callable[[], Any] | None = None) -> list[float]:
+    """Wall times of `runs` calls after `warmup` untimed ones, in ms; `after` runs untimed after
+    each timed call (reading a profiler's counters)."""
+    for _ in range(warmup):
+        run()
+    times = []
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        run()
+        times.append((time.perf_counter() - t0) * 1e3)
+        if after is not None:
+            after()
+    return times
+
+
+def per_op(events: list[tuple[str, float, int]], runs: int) -> dict[str, dict[str, Any]]:
+    """(op type, ms, calls) events over `runs` runs -> per op type: ms per run and calls per run."""
+    ops: dict[str, dict[str, Any]] = defaultdict(lambda: {"ms": 0.0, "count": 0.0})
+    for op, ms, calls in events:
+        ops[op]["ms"] += ms / runs
+        ops[op]["count"] += calls / runs
+    return dict(ops)
+
+
+def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
+    from kubetrt.runtime.devices.host import RUNTIME
+    from kubetrt.runtime.executor import SequentialPlan
+    from kubetrt.runtime.onnx_import import load_onnx
+
+    graph = load_onnx(model)
+    args = [feeds[v.name] for v in graph.inputs]
+    plan = RUNTIME.prepare(graph, {})
+    if not isinstance(plan, SequentialPlan):
+        raise TypeError(f"{model}: the host runtime planned a {type(plan).__name__}, not a SequentialPlan; "
+                        "only a plan of host kernels has steps to time")
+    plain = wall_ms(lambda: plan.run(args), runs)
+    spent = [0.0] * len(plan.prog.kernels)
+
+    def timed(run: Callable[..., Any], kid: int) -> Callable[..., Any]:
+        def step(*operands: Any) -> Any:
+            t0 = time.perf_counter()
+            try:
+                return run(*operands)
+            finally:
+                spent[kid] += time.perf_counter() - t0
+        return step
+
+    plan.steps = [(timed(run, kid), ins, outs, frees, kid) for run, ins, outs, frees, kid in plan.steps]
+    for _ in range(WARMUP):
+        plan.run(args)
+    spent[:] = [0.0] * len(spent)  # step times and run times from the same `runs` runs
+    profiled = wall_ms(lambda: plan.run(args), runs, warmup=0)
+    kernels = plan.prog.kernels
+    events = [(k.op, spent[k.id] * 1e3, runs) for k in kernels]
+    return {"plain_ms": statistics.median(plain), "profiled_ms": statistics.fmean(profiled),
+            "ops": per_op(events, runs), "steps": len(kernels)}
+
+
+def profile_onnxruntime(model: Path, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
+    import onnxruntime as ort
+
+    plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
+    plain_times = wall_ms(lambda: plain.run(None, feeds), runs)
+    del plain
+    with tempfile.TemporaryDirectory() as tmp:
+        options = ort.SessionOptions()
+        options.enable_profiling = True
+        options.profile_file_prefix = str(Path(tmp) / "ort")
+        sess = ort.InferenceSession(str(model), options, providers=["CPUExecutionProvider"])
+        profiled = wall_ms(lambda: sess.run(None, feeds), runs)
+        trace = json.loads(Path(sess.end_profiling()).read_text())
+    model_runs = sorted(e["ts"] for e in trace if e.get("cat") == "Session" and e.get("name") == "model_run")
+    if len(model_runs) != WARMUP + runs:
+        raise RuntimeError(f"onnxruntime's profile has {len(model_runs)} model_run events, expected {WARMUP + runs}")
+    first = model_runs[WARMUP]  # warm-up runs are profiled too: counted from the first timed run
+    events = [(e["args"]["op_name"], e["dur"] / 1e3, 1) for e in trace
+              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first]
+    return {"plain_ms": statistics.median(plain_times), "profiled_ms": statistics.fmean(profiled), "ops": per_op(events, runs)}
+
+
+def profile_openvino(model: Path, feeds: dict[str, np.ndarray], runs: int, top: int) -> dict[str, Any]:
+    import openvino as ov
+
+    compiled = _bench_runtime().openvino_compiled
+
+    plain = compiled(model, feeds).create_infer_request()
+    plain_times = wall_ms(lambda: plain.infer(feeds, share_inputs=True), runs)
+    del plain
+    request = compiled(model, feeds, perf_count=True).create_infer_request()
+    events: list[tuple[str, float, int]] = []
+    layers: dict[str, dict[str, Any]] = {}
+
+    def collect() -> None:  # the counters hold the last run only
+        for info in request.get_profiling_info():
+            if info.status != ov.ProfilingInfo.Status.EXECUTED:  # fused into a neighbour, or a parameter/result
+                continue
+            ms = info.real_time.total_seconds() * 1e3
+            events.append((info.node_type, ms, 1))
+            layer = layers.setdefault(info.node_name, {"type": info.node_type, "exec": info.exec_type, "ms": 0.0})
+            layer["ms"] += ms / runs
+
+    profiled = wall_ms(lambda: request.infer(feeds, share_inputs=True), runs, after=collect)
+    ops = per_op(events, runs)
+    for op, v in ops.items():
+        v["impl"] = sorted({layer["exec"] for layer in layers.values() if layer["type"] == op})
+    ranked = sorted(layers.items(), key=lambda kv: -kv[1]["ms"])[:top]
+    return {"plain_ms": statistics.median(plain_times), "profiled_ms": statistics.fmean(profiled), "ops": ops,
+            "layers": [{"name": name, **layer} for name, layer in ranked]}
+
+
+def worker(runtime: str, package: Path, batch: int, runs: int, top: int) -> dict[str, Any]:
+    feeds = _bench_runtime().feeds_for(package, batch)
+    model = package / "model.onnx"
+    if runtime == "kubetrt":
+        return profile_kubetrt(model, feeds, runs)
+    if runtime == "onnxruntime":
+        return profile_onnxruntime(model, feeds, runs)
+    if runtime == "openvino":
+        return profile_openvino(model, feeds, runs, top)
+    raise ValueError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
+
+
+def spawn(runtime: str, model: str, package: Path, batch: int, runs: int, top: int) -> dict[str, Any]:
+    """One runtime's profile from its own process, or {"error": why} when it could not run the model."""
+    args = [model, "--worker", runtime, str(package), "--batch", str(batch), "--runs", str(runs), "--top", str(top)]
+    proc = subprocess.run([sys.executable, str(Path(__file__)), *args], capture_output=True, text=True,
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+    lines = proc.stdout.strip().splitlines()
+    if lines and lines[-1].startswith("{"):
+        result: dict[str, Any] = json.loads(lines[-1])
+        return result
+    tail = proc.stderr.strip().splitlines()[-1:] or ["no output"]
+    return {"error": _bench_runtime().one_line(f"worker exited with {proc.returncode}: {tail[0]}")}
+
+
+def report(runtime: str, p: dict[str, Any], top: int) -> list[str]:
+    """The lines for one runtime's profile."""
+    if "error" in p:
+        return [f"{runtime}: failed: {p['error']}"]
+    ops = sorted(p["ops"].items(), key=lambda kv: -kv[1]["ms"])
+    op_sum = sum(v["ms"] for _, v in ops)
+    overhead = p["profiled_ms"] - op_sum
+    what = "executor" if runtime == "kubetrt" else "runtime"
+    lines = [f"{runtime}: {p['plain_ms']:.3f} ms per run (median); profiled {p['profiled_ms']:.3f} ms (mean) = ops {op_sum:.3f} ms"
+             + (f" + {what} overhead {overhead:.3f} ms" if overhead >= 0 else
+                f", {-overhead:.3f} ms over the run: its counters overlap, no {what} overhead to see")]
+    if runtime == "kubetrt":
+        lines[0] += f" ({p['steps']} steps, {1e3 * overhead / max(p['steps'], 1):.1f} us per step)"
+    impl = runtime == "openvino"
+    lines.append(f"  {'op type':<28}{'ms/run':>9}{'share':>7}{'count':>7}" + ("  implementations" if impl else ""))
+    for op, v in ops[:top]:
+        row = f"  {op:<28}{v['ms']:>9.3f}{100 * v['ms'] / max(op_sum, 1e-12):>6.0f}%{v['count']:>7.0f}"
+        lines.append(row + (f"  {', '.join(v['impl'])}" if impl else ""))
+    if len(ops) > top:
+        rest = sum(v["ms"] for _, v in ops[top:])
+        lines.append(f"  {f'({len(ops) - top} more op types)':<28}{rest:>9.3f}")
+    if impl and p.get("layers"):
+        lines.append("  top layers (exec_type = the kernel OpenVINO chose):")
+        for layer in p["layers"]:
+            name = layer["name"].replace("StatefulPartitionedCall/", "")  # tf2onnx's scope on every node
+            name = name if len(name) <= 60 else "..." + name[-57:]
+            lines.append(f"    {layer['ms']:>8.3f} ms  {layer['type']:<18} {layer['exec']:<24} {name}")
+    return lines
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("model", help="a zoo model (tests/model_zoo.py), e.g. small_cnn, resnet50")
+    p.add_argument("--batch", type=int, default=1)
+    p.add_argument("--runs", type=int, default=20, help="profiled runs per runtime, after warm-up")
+    p.add_argument("--top", type=int, default=10, help="op types (and OpenVINO layers) shown per runtime")
+    p.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=RUNTIMES)
+    p.add_argument("--worker", nargs=2, metavar=("RUNTIME", "PACKAGE"), help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.batch < 1 or a.runs < 1 or a.top < 1:
+        p.error(f"--batch, --runs and --top must be at least 1 (got {a.batch}, {a.runs}, {a.top})")
+    if a.worker:
+        runtime, package = a.worker
+        try:
+            result = worker(runtime, Path(package), a.batch, a.runs, a.top)
+        except Exception as err:  # noqa: BLE001 - a runtime refusing the model is reported beside the others
+            print(json.dumps({"error": _bench_runtime().one_line(f"{type(err).__name__}: {err}")}))
+            return 1
+        print(json.dumps(result))
+        return 0
+
+    from _zoo import zoo
+
+    z = zoo()
+    if a.model not in z.names:
+        p.error(f"no zoo model {a.model!r}; available: {', '.join(z.names)}")
+    _progress(f"preparing {a.model}")
+    package = z.package(a.model)
+    profiles = {}
+    for runtime in a.runtimes:  # one after another: the machine's cores go to one runtime at a time
+        _progress(f"profiling {runtime}")
+        profiles[runtime] = spawn(runtime, a.model, package, a.batch, a.runs, a.top)
+    print(f"\n{a.model} batch {a.batch}: {a.runs} runs per runtime after {WARMUP} warm-up; ms per run, "
+          "op times from each runtime's own profiler")
+    for runtime, prof in profiles.items():
+        print()
+        print("\n".join(report(runtime, prof, a.top)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
