@@ -120,31 +120,26 @@ def build_transformer(path: Path) -> None:
     _export(keras.Model(inp, out, name="transformer"), path)
 
 
-def build_mobilenet_v2(path: Path) -> None:
+def _application(path: Path, name: str, seed: int) -> None:
+    """A keras.applications model at 224x224 with random weights and spread batch-norm statistics."""
     keras = _keras()
-    keras.utils.set_random_seed(4)
+    keras.utils.set_random_seed(seed)
     inp = keras.Input((224, 224, 3), name="image")
-    model = keras.applications.MobileNetV2(input_tensor=inp, weights=None)
-    randomize_batchnorm(model, np.random.default_rng(4))
+    model = getattr(keras.applications, name)(input_tensor=inp, weights=None)
+    randomize_batchnorm(model, np.random.default_rng(seed))
     _export(model, path)
+
+
+def build_mobilenet_v2(path: Path) -> None:
+    _application(path, "MobileNetV2", 4)
 
 
 def build_resnet50(path: Path) -> None:
-    keras = _keras()
-    keras.utils.set_random_seed(5)
-    inp = keras.Input((224, 224, 3), name="image")
-    model = keras.applications.ResNet50(input_tensor=inp, weights=None)
-    randomize_batchnorm(model, np.random.default_rng(5))
-    _export(model, path)
+    _application(path, "ResNet50", 5)
 
 
 def build_efficientnet_b0(path: Path) -> None:
-    keras = _keras()
-    keras.utils.set_random_seed(13)
-    inp = keras.Input((224, 224, 3), name="image")
-    model = keras.applications.EfficientNetB0(input_tensor=inp, weights=None)
-    randomize_batchnorm(model, np.random.default_rng(13))
-    _export(model, path)
+    _application(path, "EfficientNetB0", 13)
 
 
 def build_two_in_two_out(path: Path) -> None:
