@@ -122,6 +122,16 @@ def _erfc(xp: Any, p: Params) -> Unary:
 _SQRT_HALF = np.float32(0.7071067811865476)
 
 
+def _silu(xp: Any, p: Params) -> Unary:
+    """x * sigmoid(x): the SiLU/Swish that converters write as Sigmoid and Mul (runtime/passes/fusion.py)."""
+    sigmoid = _sigmoid(xp, p)
+
+    def f(x: Any, out: Any) -> Any:
+        return xp.multiply(x, sigmoid(x, None), out=out)
+
+    return f
+
+
 def _gelu(xp: Any, p: Params) -> Unary:
     def f(x: Any, out: Any) -> Any:
         e = _erf_of(xp, x * _SQRT_HALF, None)
@@ -192,6 +202,8 @@ ACTIVATIONS: dict[str, Activation] = _table(
     Activation("Sigmoid", _sigmoid, wide=True, fusable=True, cuda_c=lambda p: "1.f / (1.f + expf(-v))"),
     Activation("HardSigmoid", _hard_sigmoid, {"alpha": 0.2, "beta": 0.5}, fusable=True,
                cuda_c=lambda p: f"fminf(fmaxf({_c(p['alpha'])} * v + {_c(p['beta'])}, 0.f), 1.f)"),
+    Activation("Silu", _silu, wide=True, fusable=True, onednn=lambda p: ("eltwise_swish", 1.0, 0.0),
+               cuda_c=lambda p: "v / (1.f + expf(-v))"),
     Activation("HardSwish", _hard_swish, fusable=True, cuda_c=lambda p: "v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f"),
     Activation("Gelu", _gelu, wide=True, fusable=True, cuda_c=lambda p: "0.5f * v * (1.f + erff(v * 0.70710678f))"),
     Activation("Erf", _erf, wide=True),

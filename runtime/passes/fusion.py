@@ -197,8 +197,25 @@ def fuse_epilogues(graph: Graph) -> bool:
     return False
 
 
+def fuse_silu(graph: Graph) -> bool:
+    """Mul(x, Sigmoid(x)) -> Silu(x): one activation the epilogue fusion can then take, where the
+    pair is two passes over a tensor with two readers, which fusion never absorbs."""
+    idx = _Index(graph)
+    producers = graph.producers()
+    for mul in graph.nodes:
+        if mul.op != "Mul" or len(mul.inputs) != 2:
+            continue
+        for k in (0, 1):
+            sig = producers.get(mul.inputs[k])
+            if sig is not None and sig.op == "Sigmoid" and sig.inputs[0] == mul.inputs[1 - k] and idx.sole_user(sig.outputs[0]) is mul:
+                graph.nodes[graph.nodes.index(mul)] = Node("Silu", mul.name, [sig.inputs[0]], list(mul.outputs))
+                graph.nodes.remove(sig)
+                return True
+    return False
+
+
 def fuse(graph: Graph) -> Graph:
-    for rewrite in (fold_pad_into_conv, fold_affine_into_conv, fuse_epilogues):
+    for rewrite in (fold_pad_into_conv, fold_affine_into_conv, fuse_silu, fuse_epilogues):
         while rewrite(graph):
             pass
     return graph

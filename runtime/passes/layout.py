@@ -16,7 +16,7 @@ TO_NHWC = [0, 2, 3, 1]
 TO_NCHW = [0, 3, 1, 2]
 FAMILY = {"FusedConv": "FusedConvNHWC", "QConv": "QConvNHWC", "MaxPool": "MaxPoolNHWC", "AveragePool": "AveragePoolNHWC",
           "GlobalAveragePool": "GlobalAveragePoolNHWC", "GlobalMaxPool": "GlobalMaxPoolNHWC"}
-UNARY = {"Relu", "Sigmoid", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Clip", "Gelu", "Elu", "Softplus",
+UNARY = {"Relu", "Sigmoid", "Silu", "Tanh", "HardSwish", "HardSigmoid", "LeakyRelu", "Clip", "Gelu", "Elu", "Softplus",
          "Exp", "Log", "Sqrt", "Neg", "Abs", "Reciprocal", "Erf", "Identity", "Cast", "QuantizeLinear", "DequantizeLinear"}
 PER_TENSOR = {"QuantizeLinear", "DequantizeLinear"}  # layout-agnostic only with one scale for the whole tensor
 BINARY = {"Add", "Sub", "Mul", "Div", "Max", "Min", "Pow"}

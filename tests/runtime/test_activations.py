@@ -95,6 +95,7 @@ ONEDNN_CASES: list[tuple[str, dict[str, Any], Any]] = [
     ("Clip", {"min": 0.0}, ("eltwise_relu", 0.0, 0.0)),  # [0, inf) is ReLU
     ("Clip", {"max": 1.0}, False),  # an open lower bound: oneDNN's clip needs both
     ("Sigmoid", {}, False),
+    ("Silu", {}, ("eltwise_swish", 1.0, 0.0)),
 ]
 
 
@@ -125,7 +126,7 @@ def test_every_fusable_activation_has_a_gpu_form() -> None:
 
 
 FUSION_ATTRS: dict[str, dict[str, Any]] = {"LeakyRelu": {"alpha": 0.2}, "HardSigmoid": {"alpha": 0.3, "beta": 0.4}, "Elu": {"alpha": 0.7}}
-ORT_HAS = set(UNARY_OPS) - {"Gelu", "Erfc"}  # not ONNX ops at the test opset (17)
+ORT_HAS = set(UNARY_OPS) - {"Gelu", "Erfc", "Silu"}  # not ONNX ops at the test opset (17)
 
 
 @pytest.mark.parametrize("op", [op for op in UNARY_OPS if op in ORT_HAS and op != "Not"])
@@ -144,6 +145,38 @@ def test_fusion_takes_exactly_the_fusable_activations(op: str, backend: str, mon
     model = make_model(nodes, feeds, ["y"], consts)
     kernels = [k.op for k in compile_graph(from_proto(model)).kernels]
     assert kernels == (["FusedConv"] if op in FUSABLE else ["FusedConv", op])
+    np.testing.assert_allclose(run_kubetrt(model, feeds)[0], run_ort(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("sigmoid_first", [True, False])
+@pytest.mark.parametrize("backend", ["onednn", "numpy"])
+def test_sigmoid_times_input_fuses_as_silu(sigmoid_first: bool, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SiLU/Swish as converters write it, Mul(x, Sigmoid(x)), becomes one fused activation."""
+    from kubetrt.runtime.onnx_import import from_proto
+    from kubetrt.runtime.program import compile_graph
+
+    if backend == "numpy":
+        monkeypatch.setattr(onednn, "AVAILABLE", False)
+    mul = ["s", "c"] if sigmoid_first else ["c", "s"]
+    nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Sigmoid", ["c"], ["s"]), node("Mul", mul, ["y"])]
+    feeds = {"x": (rng.standard_normal((2, 3, 6, 6)) * 3).astype(np.float32)}
+    consts = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    prog = compile_graph(from_proto(model))
+    assert [k.op for k in prog.kernels] == ["FusedConv"]
+    np.testing.assert_allclose(run_kubetrt(model, feeds)[0], run_ort(model, feeds)[0], rtol=1e-4, atol=1e-5)
+
+
+def test_sigmoid_read_elsewhere_is_not_fused() -> None:
+    """A Sigmoid whose result someone else reads too stays: fusing would drop that reader's value."""
+    from kubetrt.runtime.onnx_import import from_proto
+    from kubetrt.runtime.program import compile_graph
+
+    nodes = [node("Conv", ["x", "w"], ["c"]), node("Sigmoid", ["c"], ["s"]), node("Mul", ["c", "s"], ["y"]),
+             node("Add", ["s", "y"], ["z"])]
+    feeds = {"x": rng.standard_normal((1, 3, 4, 4)).astype(np.float32)}
+    model = make_model(nodes, feeds, ["z"], {"w": rng.standard_normal((2, 3, 1, 1)).astype(np.float32)})
+    assert "Silu" not in [k.op for k in compile_graph(from_proto(model)).kernels]
     np.testing.assert_allclose(run_kubetrt(model, feeds)[0], run_ort(model, feeds)[0], rtol=1e-4, atol=1e-5)
 
 
