@@ -64,6 +64,10 @@ class Graph:
     def output_names(self) -> set[str]:
         return {o.name for o in self.outputs}
 
+    def value_names(self) -> set[str]:
+        """Every name a constant or value holds: what a new value's name must avoid (unique_name)."""
+        return set(self.constants) | set(self.values) | {o for n in self.nodes for o in n.outputs}
+
 
 def toposort(graph: Graph) -> Graph:
     """Stable topological order. Fusion can move a read before its producer (a fused residual

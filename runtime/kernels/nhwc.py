@@ -11,7 +11,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import activations, conv_gemm, jit, onednn, parallel
-from .nn import conv_geometry, make_epilogue, out_size
+from .nn import conv_geometry, geometry_by_input_size, make_epilogue, out_size
 from .registry import OutputShapes, KernelSpec, Run, register
 
 
@@ -63,10 +63,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
     dnnl = onednn.conv_for_node(spec, w, "nhwc")
 
-    @functools.lru_cache(maxsize=64)
-    def geometry(h: int, wd: int) -> tuple[list[int], list[int], list[int], list[int], int, int]:
-        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
-        return strides, dil, b, e, out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+    geometry = geometry_by_input_size(spec, (kh, kw))
 
     if dnnl is not None:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
         def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:

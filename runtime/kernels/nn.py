@@ -47,6 +47,19 @@ def conv_geometry(spec: KernelSpec, in_hw: tuple[int, ...], kernel: tuple[int, .
     return strides, dil, pads[:nd], pads[nd:]
 
 
+Geometry = tuple[list[int], list[int], list[int], list[int], int, int]  # strides, dilations, pads begin/end, OH, OW
+
+
+def geometry_by_input_size(spec: KernelSpec, kernel: tuple[int, int]) -> Callable[[int, int], Geometry]:
+    """conv_geometry and the output size for a constant kernel, resolved once per input (H, W)."""
+    @functools.lru_cache(maxsize=64)
+    def geometry(h: int, wd: int) -> Geometry:
+        strides, dil, b, e = conv_geometry(spec, (h, wd), kernel)
+        return (strides, dil, b, e, out_size(h, kernel[0], strides[0], dil[0], b[0], e[0]),
+                out_size(wd, kernel[1], strides[1], dil[1], b[1], e[1]))
+    return geometry
+
+
 def out_size(n: int, k: int, s: int, d: int, b: int, e: int, ceil: bool = False) -> int:
     span = n + b + e - ((k - 1) * d + 1)
     return (-(-span // s) if ceil else span // s) + 1

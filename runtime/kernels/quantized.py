@@ -22,14 +22,13 @@ numbers up to float32 rounding, at float speed.
 """
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable
 
 import numpy as np
 
 from . import activations, jit, onednn
 from .nhwc import _nhwc_conv_shape, conv_nhwc
-from .nn import _conv_shape, _matmul_shape, conv, conv_geometry, matmul, out_size
+from .nn import _conv_shape, _matmul_shape, conv, geometry_by_input_size, matmul
 from .registry import KernelSpec, OutputShapes, Run, check_attrs, norm_axis, refuse, register
 
 QUANT_DTYPES = {"int8": np.dtype(np.int8), "uint8": np.dtype(np.uint8)}
@@ -166,8 +165,8 @@ def _post_op(spec: KernelSpec) -> onednn.Eltwise | None | bool:
     return ("eltwise_clip_v2", max(lo, 0.0), min(hi, BOUNDED * float(spec.attr("y_scale"))))
 
 
-def _float_twin(spec: KernelSpec, op: str, w: np.ndarray, scale: np.ndarray, axis: int) -> tuple[Run, Callable[..., tuple[np.ndarray, ...]]]:
-    """The float kernel of the same node on dequantized weights, and how to call it on integers."""
+def _float_twin(spec: KernelSpec, op: str, w: np.ndarray, scale: np.ndarray, axis: int) -> Run:
+    """The node computed by the float kernel of the same op on dequantized operands."""
     shape = [1] * w.ndim
     shape[axis] = -1
     wf = (w.astype(np.float32) * scale.reshape(shape)).astype(np.float32)
@@ -187,9 +186,8 @@ def _float_twin(spec: KernelSpec, op: str, w: np.ndarray, scale: np.ndarray, axi
         (y,) = kernel(xf, wf, bias, residual)
         if y_scale is None:
             return (y,)
-        hi = BOUNDED if y_dtype == np.uint8 else 127
-        return (np.clip(np.rint(y / np.float32(y_scale)), -128 if y_dtype == np.int8 else 0, hi).astype(y_dtype),)
-    return kernel, run
+        return (np.clip(np.rint(y / np.float32(y_scale)), 0 if y_dtype == np.uint8 else -128, BOUNDED).astype(y_dtype),)
+    return run
 
 
 _CONV_ATTRS = {"auto_pad", "dilations", "group", "kernel_shape", "pads", "strides"}
@@ -209,7 +207,7 @@ def qconv(spec: KernelSpec) -> Run:
     group = spec.attr("group", 1)
     post = _post_op(spec)
     if not onednn.AVAILABLE or post is False:
-        return _float_twin(spec, "FusedConvNHWC" if nhwc else "FusedConv", w, scale, 0)[1]
+        return _float_twin(spec, "FusedConvNHWC" if nhwc else "FusedConv", w, scale, 0)
     bias = spec.const(2) if spec.has(2) else None
     if spec.has(2) and bias is None:
         raise refuse(spec, "a bias that is not constant", "a constant float32 bias")
@@ -217,14 +215,10 @@ def qconv(spec: KernelSpec) -> Run:
                          post, residual=spec.has(3), layout="nhwc" if nhwc else "nchw", name=spec.name,  # type: ignore[arg-type]
                          quant=quantization(spec, scale))
     residual_inplace = 3 in spec.inplace
-
-    @functools.lru_cache(maxsize=64)
-    def geometry(h: int, wd: int) -> tuple[int, int, list[int], list[int]]:
-        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
-        return out_size(h, kh, strides[0], dil[0], b[0], e[0]), out_size(wd, kw, strides[1], dil[1], b[1], e[1]), b, e
+    geometry = geometry_by_input_size(spec, (kh, kw))
 
     def run(x: np.ndarray, _w: Any, _bias: Any = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        oh, ow, b, e = geometry(*(x.shape[1:3] if nhwc else x.shape[2:4]))
+        _, _, b, e, oh, ow = geometry(*(x.shape[1:3] if nhwc else x.shape[2:4]))
         return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
     return run
 
@@ -235,17 +229,17 @@ def qmatmul(spec: KernelSpec) -> Run:
     check_attrs(spec, _Q_ATTRS)
     w, scale = _weights(spec)
     post = _post_op(spec)
+    in_float = _float_twin(spec, "FusedMatMul", w, scale, 1)
     if not onednn.AVAILABLE or post is False or not _saturation_safe(spec):
-        return _float_twin(spec, "FusedMatMul", w, scale, 1)[1]
+        return in_float
     bias = spec.const(2) if spec.has(2) else None
     if spec.has(2) and (bias is None or bias.ndim != 1):
         raise refuse(spec, "a bias that is not a constant vector", "a constant float32 bias of shape (N,)")
     dense = onednn.Dense(w, bias, post, residual=spec.has(3), name=spec.name, quant=quantization(spec, scale))  # type: ignore[arg-type]
     residual_inplace = 3 in spec.inplace
-    few_rows = _float_twin(spec, "FusedMatMul", w, scale, 1)[1]
 
     def run(a: np.ndarray, _w: Any, bias_: Any = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         if a.size < MIN_INTEGER_ROWS * a.shape[-1]:  # a GEMV: oneDNN's integer path costs more than float
-            return few_rows(a, None, bias_, residual)
+            return in_float(a, None, bias_, residual)
         return (dense(a, residual, overwrite_residual=residual_inplace),)
     return run

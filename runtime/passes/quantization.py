@@ -25,8 +25,9 @@ import numpy as np
 
 from ..graph import Graph, Node, unique_name
 from ..kernels import activations
+from ..kernels.quantized import QUANT_DTYPES
 
-INT8_TYPES = (np.dtype(np.int8), np.dtype(np.uint8))
+INT8_TYPES = tuple(QUANT_DTYPES.values())
 INTEGER_OPS = ("QConv", "QMatMul")
 NON_NEGATIVE_MIN = 0.0
 
@@ -116,7 +117,7 @@ def _float_bias(graph: Graph, producers: dict[str, Node], value: str, taken: set
 def absorb_dequantize(graph: Graph) -> Graph:
     """Conv/MatMul/Gemm over DequantizeLinear'd int8 operands -> QConv/QMatMul over the int8 operands."""
     producers = graph.producers()
-    taken = set(graph.constants) | set(graph.values) | {o for n in graph.nodes for o in n.outputs}
+    taken = graph.value_names()
     for k, node in enumerate(graph.nodes):
         if node.op not in ("Conv", "MatMul", "Gemm") or len(node.outputs) != 1:
             continue
@@ -259,23 +260,17 @@ def _requantize_one(graph: Graph) -> bool:
 def _dequantize_float_residuals(graph: Graph) -> None:
     """An integer residual summed into a float result goes through DequantizeLinear first:
     oneDNN sums in place only into a destination of the residual's width."""
-    taken = set(graph.constants) | set(graph.values) | {o for n in graph.nodes for o in n.outputs}
+    taken = graph.value_names()
     for node in list(graph.nodes):
-        if node.op not in INTEGER_OPS or "residual_scale" not in node.attrs or "y_scale" in node.attrs:
-            continue
-        scale = unique_name(f"{node.name}:residual_scale", taken)
-        graph.constants[scale] = np.array(node.attrs["residual_scale"], dtype=np.float32)
-        out = unique_name(f"{node.inputs[3]}:float", taken)
-        dq = Node("DequantizeLinear", unique_name(f"{node.name}:dequantize_residual", taken), [node.inputs[3], scale], [out])
-        graph.nodes.insert(graph.nodes.index(node), dq)
-        node.inputs[3] = out
-        node.attrs = {k: v for k, v in node.attrs.items() if k != "residual_scale"}
+        if node.op in INTEGER_OPS and "residual_scale" in node.attrs and "y_scale" not in node.attrs:
+            _convert_residual(graph, node, "DequantizeLinear", float(node.attrs["residual_scale"]), taken)
+            node.attrs = {k: v for k, v in node.attrs.items() if k != "residual_scale"}
 
 
 def _quantize_float_residuals(graph: Graph) -> None:
     """A float residual summed into an integer result goes through QuantizeLinear first, at the
     scale the model gave it, else at the result's."""
-    taken = set(graph.constants) | set(graph.values) | {o for n in graph.nodes for o in n.outputs}
+    taken = graph.value_names()
     producers = graph.producers()
     for node in list(graph.nodes):
         if node.op not in INTEGER_OPS or len(node.inputs) < 4 or not node.inputs[3] or "y_scale" not in node.attrs \
@@ -283,15 +278,22 @@ def _quantize_float_residuals(graph: Graph) -> None:
             continue
         source = producers.get(node.inputs[3])
         value = float((source.attrs if source is not None else {}).get("y_scale_hint", node.attrs["y_scale"]))
-        scale = unique_name(f"{node.name}:residual_scale", taken)
-        graph.constants[scale] = np.array(value, dtype=np.float32)
-        zero = unique_name(f"{node.name}:residual_zero_point", taken)
-        graph.constants[zero] = np.array(0, dtype=np.int8)
-        out = unique_name(f"{node.inputs[3]}:int8", taken)
-        graph.nodes.insert(graph.nodes.index(node), Node("QuantizeLinear", unique_name(f"{node.name}:quantize_residual", taken),
-                                                         [node.inputs[3], scale, zero], [out]))
-        node.inputs[3] = out
+        _convert_residual(graph, node, "QuantizeLinear", value, taken)
         node.attrs = dict(node.attrs, residual_scale=value)
+
+
+def _convert_residual(graph: Graph, node: Node, op: str, scale: float, taken: set[str]) -> None:
+    """Insert `op` (QuantizeLinear or DequantizeLinear, symmetric, at `scale`) on `node`'s residual."""
+    scale_name = unique_name(f"{node.name}:residual_scale", taken)
+    graph.constants[scale_name] = np.array(scale, dtype=np.float32)
+    inputs = [node.inputs[3], scale_name]
+    if op == "QuantizeLinear":  # its zero point's type is its output type
+        inputs.append(unique_name(f"{node.name}:residual_zero_point", taken))
+        graph.constants[inputs[-1]] = np.array(0, dtype=np.int8)
+    out = unique_name(f"{node.inputs[3]}:{'int8' if op == 'QuantizeLinear' else 'float'}", taken)
+    verb = "quantize" if op == "QuantizeLinear" else "dequantize"
+    graph.nodes.insert(graph.nodes.index(node), Node(op, unique_name(f"{node.name}:{verb}_residual", taken), inputs, [out]))
+    node.inputs[3] = out
 
 
 def _rename_uses(graph: Graph, old: str, new: str) -> None:
