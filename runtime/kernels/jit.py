@@ -326,3 +326,72 @@ def max_pool_nhwc(x: np.ndarray, k: tuple[int, ...], strides: list[int], dil: li
     args = (np.ascontiguousarray(x), out, k[0], k[1], strides[0], strides[1], dil[0], dil[1], pads_begin[0], pads_begin[1])
     run_split(_max_pool_nhwc, args, n * oh, out.size)
     return out
+
+
+# ---------------------------------------------------------------- C calls from jitted code
+
+if numba is not None:
+    from llvmlite import ir as _ir
+    from numba.core import types as _types
+    from numba.extending import intrinsic
+
+    def _c_call_codegen(arity: int) -> Callable[..., Any]:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            word = _ir.IntType(64)
+            fn = builder.inttoptr(args[0], _ir.FunctionType(_ir.IntType(32), [word] * arity).as_pointer())
+            return builder.call(fn, list(args[1:]))
+        return codegen
+
+    def _words(*ts: Any) -> bool:
+        return all(isinstance(t, _types.Integer) and t.bitwidth == 64 for t in ts)
+
+    # int fn(word, ...) called at address `fn`: pointers and handles as 64-bit integers, so the
+    # jitted caller takes addresses as arguments and stays cacheable (a ctypes function object
+    # in its globals would not be). x86-64 and aarch64 pass an int in a 64-bit register alike.
+    @intrinsic
+    def c_call1(typingctx: Any, fn: Any, a: Any) -> Any:
+        return (_types.int32(fn, a), _c_call_codegen(1)) if _words(fn, a) else None
+
+    @intrinsic
+    def c_call2(typingctx: Any, fn: Any, a: Any, b: Any) -> Any:
+        return (_types.int32(fn, a, b), _c_call_codegen(2)) if _words(fn, a, b) else None
+
+    @intrinsic
+    def c_call4(typingctx: Any, fn: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
+        return (_types.int32(fn, a, b, c, d), _c_call_codegen(4)) if _words(fn, a, b, c, d) else None
+
+
+if numba is not None:
+
+    @njit(cache=True, nogil=True)
+    def _softmax_rows(x, log, start, stop):
+        # in place over the rows of a 2-D array: one sweep for the max, one for exp and its sum
+        for r in range(start, stop):
+            row = x[r]
+            m = row[0]
+            for i in range(row.size):
+                m = max(m, row[i])
+            total = 0.0
+            if log:
+                for i in range(row.size):
+                    row[i] -= m
+                    total += np.exp(row[i])
+                shift = row.dtype.type(np.log(total))
+                for i in range(row.size):
+                    row[i] -= shift
+            else:
+                for i in range(row.size):
+                    e = np.exp(row[i] - m)
+                    row[i] = e
+                    total += e
+                inv = row.dtype.type(1.0 / total)
+                for i in range(row.size):
+                    row[i] *= inv
+
+
+def softmax_rows(x: np.ndarray, log: bool) -> np.ndarray:
+    """(Log)softmax over the last axis of a C-contiguous float array, in place, one pass per row
+    for max and sum (NumPy's form allocates and sweeps four times: costly on small heads)."""
+    rows = x.reshape(-1, x.shape[-1])
+    run_split(_softmax_rows, (rows, log), rows.shape[0], rows.size)
+    return x

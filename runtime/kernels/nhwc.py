@@ -169,11 +169,22 @@ def _nhwc_pool_shape(spec: KernelSpec) -> OutputShapes:
 
 @register(["MaxPoolNHWC", "AveragePoolNHWC"], _nhwc_pool_shape)
 def pool_nhwc(spec: KernelSpec) -> Run:
-    from .nn import pool, pool_attrs
+    from .nn import pool, pool_attrs, pool_geometry
 
     nchw = pool(KernelSpec(spec.op.replace("NHWC", ""), spec.name, spec.attrs, spec.consts, spec.shapes, spec.dtypes, spec.n_outputs))
-    k, is_max, ceil, _ = pool_attrs(spec)
+    k, is_max, ceil, include_pad = pool_attrs(spec)
     simple_max = is_max and not ceil
+    algorithm = "pooling_max" if is_max else "pooling_avg_include_padding" if include_pad else "pooling_avg_exclude_padding"
+    strides, dil = list(spec.attr("strides") or [1, 1]), list(spec.attr("dilations") or [1, 1])
+    fused = onednn.Pool2D(algorithm, k, strides, dil, spec.name) if onednn.AVAILABLE else None
+    geometry = functools.lru_cache(maxsize=16)(lambda h, wd: pool_geometry(spec, k, h, wd, ceil))
+
+    def run_onednn(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        _, h, wd, _ = x.shape
+        _, _, b, e, tail, oh, ow = geometry(h, wd)
+        if x.dtype != np.float32 or fused is None or (include_pad and not is_max and tail != e):
+            return run(x)  # the ceil-mode overhang never counts, oneDNN's padding would
+        return (fused(x, oh, ow, b, tail),)
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         if not simple_max:  # rare variants (ceil mode, averages with padding) reuse the NCHW code
@@ -194,7 +205,7 @@ def pool_nhwc(spec: KernelSpec) -> Run:
                 out = v.copy() if out is None else np.maximum(out, v, out=out)
         return (out,)  # type: ignore[return-value]
 
-    return run
+    return run_onednn if fused is not None else run
 
 
 def _nhwc_global_shape(spec: KernelSpec) -> OutputShapes:
@@ -210,8 +221,13 @@ def global_pool_nhwc(spec: KernelSpec) -> Run:
     def mean_weights(hw: int, dtype: np.dtype) -> np.ndarray:
         return np.full(hw, 1.0 / hw, dtype=dtype)
 
+    fused = onednn.Pool2D("pooling_avg_exclude_padding" if average else "pooling_max", (), [1, 1], [1, 1], spec.name) \
+        if onednn.AVAILABLE else None
+
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         n, h, w, c = x.shape
+        if fused is not None and x.dtype == np.float32:
+            return (fused(x, 1, 1, [0, 0], [0, 0]),)
         rows = x.reshape(n, h * w, c)
         if average and x.dtype.kind == "f":  # a GEMV beats NumPy's strided add.reduce over the spatial axis
             y = np.matmul(mean_weights(h * w, x.dtype), rows)

@@ -23,7 +23,7 @@ from typing import Any
 
 import numpy as np
 
-from . import activations
+from . import activations, jit
 from .activations import Act, Eltwise
 from .native import load_first
 
@@ -78,6 +78,7 @@ def _load() -> ctypes.CDLL | None:
         "dnnl_post_ops_append_eltwise": ([p, i, f, f], i),
         "dnnl_convolution_forward_primitive_desc_create": ([pp, p, i, i, p, p, p, p, _Dims, _Dims, _Dims, _Dims, p], i),
         "dnnl_matmul_primitive_desc_create": ([pp, p, p, p, p, p, p], i),
+        "dnnl_pooling_forward_primitive_desc_create": ([pp, p, i, i, p, p, _Dims, _Dims, _Dims, _Dims, _Dims, p], i),
         "dnnl_reorder_primitive_desc_create": ([pp, p, p, p, p, p], i),
         "dnnl_primitive_desc_query_md": ([p, i, i], p),
         "dnnl_primitive_desc_destroy": ([p], i),
@@ -200,11 +201,36 @@ class _Memories:
         self.ptrs = list(ptrs)
         self.stream = _library().stream()
         self.packed = (_ExecArg * len(slots))(*[_ExecArg(a, m.value) for (a, _), m in zip(slots, self.mems)])
+        # what _execute_io needs besides the two arrays, when slots 0 and 1 are source and destination
+        self.io: tuple[int, ...] = (self.stream.value or 0, len(slots), ctypes.addressof(self.packed),
+                                    self.mems[0].value or 0, self.mems[1].value or 0)
 
     def __del__(self) -> None:
         if _lib is not None:
             for m in self.mems:
                 _lib.dnnl_memory_destroy(m)
+
+
+if jit.AVAILABLE and _lib is not None:
+
+    @jit.njit(cache=True, nogil=True)
+    def _execute_io(fns, prim, stream, nargs, packed, mem_src, mem_dst, src, dst):  # type: ignore[no-untyped-def]
+        # One compiled call for what costs five Python-level ctypes calls: point the bound source
+        # and destination memories at this call's arrays, execute, wait.
+        set_handle, execute, wait = fns
+        status = jit.c_call2(set_handle, mem_src, src.ctypes.data)
+        if status == 0:
+            status = jit.c_call2(set_handle, mem_dst, dst.ctypes.data)
+        if status == 0:
+            status = jit.c_call4(execute, prim, stream, nargs, packed)
+        if status == 0:
+            status = jit.c_call1(wait, stream)
+        return status
+
+    _C_FUNCTIONS = tuple(ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value or 0 for name in (
+        "dnnl_memory_set_data_handle", "dnnl_primitive_execute", "dnnl_stream_wait"))
+else:
+    _execute_io = None
 
 
 class _Primitive:
@@ -233,11 +259,20 @@ class _Primitive:
             bound = self._local.bound = _Memories(self.slots, ptrs, self.scratch_bytes, self.scratch_md)
         else:
             for i, ptr in enumerate(ptrs):
-                if bound.ptrs[i] != ptr:
+                if i < 2 or bound.ptrs[i] != ptr:  # execute_io moves slots 0 and 1 without updating ptrs
                     _check(lib.dnnl_memory_set_data_handle(bound.mems[i], ptr), "memory_set_data_handle")  # type: ignore[union-attr]
                     bound.ptrs[i] = ptr
         _check(lib.dnnl_primitive_execute(self.handle, bound.stream, len(bound.packed), bound.packed), "primitive_execute")  # type: ignore[union-attr]
         _check(lib.dnnl_stream_wait(bound.stream), "stream_wait")  # type: ignore[union-attr]
+
+    def execute_io(self, src: np.ndarray, dst: np.ndarray, consts: list[int]) -> None:
+        """execute([src, dst, *consts]) where slots 0 and 1 are the source and destination and
+        `consts` never change for this primitive: the per-call path."""
+        bound: _Memories | None = getattr(self._local, "bound", None)
+        if bound is None or _execute_io is None:
+            self.execute([src.ctypes.data, dst.ctypes.data, *consts])
+            return
+        _check(_execute_io(_C_FUNCTIONS, self.handle.value, *bound.io, src, dst), "primitive_execute")
 
     def __del__(self) -> None:
         if _lib is not None:
@@ -383,7 +418,7 @@ class _FusedOp:
                 np.copyto(out.view(residual.dtype), residual)
         else:
             out = np.empty(shape, dtype=self.dst_dtype)
-        prim.execute([x.ctypes.data, out.ctypes.data, *const_ptrs])
+        prim.execute_io(x, out, const_ptrs)
         return out
 
     def __del__(self) -> None:
@@ -478,6 +513,51 @@ class Dense(_FusedOp):
             raise ValueError(f"MatMul {self.name}: expected a {self.src_dtype} input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
         rows = np.ascontiguousarray(a).reshape(-1, k)
         return self._run((rows.shape[0],), rows, a.shape[:-1] + (n,), residual, overwrite_residual)
+
+
+class Pool2D:
+    """Max or average pooling of NHWC float32 (`algorithm`: pooling_max, pooling_avg_exclude_padding
+    or pooling_avg_include_padding): oneDNN's kernels read the channels innermost in one pass."""
+
+    def __init__(self, algorithm: str, kernel: tuple[int, ...], strides: list[int], dil: list[int], name: str = "pool") -> None:
+        self.alg = _library().alg_kind(algorithm)
+        self.kernel, self.strides, self.dil, self.name = list(kernel), list(strides), list(dil), name
+        self._shapes: dict[tuple[int, ...], _Primitive] = {}
+        self._lock = threading.Lock()
+
+    def _primitive(self, key: tuple[int, ...]) -> _Primitive:
+        found = self._shapes.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            if key not in self._shapes:
+                lib, st = _lib, _library()
+                n, h, wd, c, oh, ow, pt, pl, pb, pr = key
+                kernel = self.kernel if self.kernel else [h, wd]
+                attr = ctypes.c_void_p()
+                _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
+                try:
+                    _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
+
+                    def create(pd: Any, src: Any, dst: Any) -> None:
+                        _check(lib.dnnl_pooling_forward_primitive_desc_create(  # type: ignore[union-attr]
+                            pd, st.engine, st.inference, self.alg, src, dst, _Dims(*self.strides), _Dims(*kernel),
+                            _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "pooling")
+                    pd = _descriptor_with([_md((n, c, h, wd), st.f32, st.tag_acdb), _md((n, c, oh, ow), st.f32, st.tag_acdb)], create)
+                finally:
+                    lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
+                self._shapes[key] = _Primitive(pd, [_ARG_SRC, _ARG_DST])
+            return self._shapes[key]
+
+    def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> np.ndarray:
+        """Pool an NHWC float32 tensor to (N, oh, ow, C); an empty kernel pools each whole plane."""
+        if x.dtype != _F32 or x.ndim != 4:
+            raise ValueError(f"Pool {self.name}: expected a 4-D float32 NHWC input, got {x.dtype} of shape {x.shape}")
+        n, h, wd, c = x.shape
+        out = np.empty((n, oh, ow, c), dtype=_F32)
+        key = (n, h, wd, c, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1])
+        self._primitive(key).execute_io(np.ascontiguousarray(x), out, [])
+        return out
 
 
 def conv_for_node(spec: Any, w: np.ndarray | None, layout: str) -> Conv2D | None:

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import jit
 from .registry import ints, OutputShapes, KernelSpec, Run, norm_axis, register, same_as_input
 
 
@@ -82,6 +83,8 @@ def softmax(spec: KernelSpec) -> Run:
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         y = x if inplace and x.flags.writeable and x.flags.c_contiguous else x.astype(x.dtype, copy=True)
+        if jit.AVAILABLE and y.dtype == np.float32 and y.size and norm_axis(axis, y.ndim) == y.ndim - 1:
+            return (jit.softmax_rows(y, log),)
         if log:
             y -= y.max(axis=axis, keepdims=True)
             y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))

@@ -66,18 +66,39 @@ def test_tile_plan_covers_every_output_row_once() -> None:
         assert sorted(rows) == [(b, i) for b in range(n) for i in range(oh)]
 
 
-@pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed: the NumPy pooling path runs instead")
-@pytest.mark.parametrize("attrs", [
-    {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]},
-    {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 0], "dilations": [2, 1]},
-    {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"},
-])
-def test_one_pass_max_pool_in_a_conv_chain_matches_ort(attrs: dict) -> None:
-    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("MaxPool", ["c"], ["m"], **attrs),
+POOLS = [
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("MaxPool", {"kernel_shape": [2, 3], "strides": [1, 2], "pads": [0, 1, 1, 0], "dilations": [2, 1]}),
+    ("MaxPool", {"kernel_shape": [3, 3], "strides": [2, 2], "auto_pad": "SAME_UPPER"}),
+    ("MaxPool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1]}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1}),
+    ("AveragePool", {"kernel_shape": [3, 3], "strides": [2, 2], "pads": [1, 1, 1, 1], "count_include_pad": 1, "ceil_mode": 1}),
+    ("AveragePool", {"kernel_shape": [2, 2], "strides": [2, 2], "ceil_mode": 1}),
+    ("GlobalAveragePool", {}),
+    ("GlobalMaxPool", {}),
+]
+
+
+@pytest.mark.parametrize("path", ["onednn", "numba"])
+@pytest.mark.parametrize("op,attrs", POOLS)
+def test_nhwc_pooling_in_a_conv_chain_matches_ort(monkeypatch: pytest.MonkeyPatch, path: str, op: str, attrs: dict) -> None:
+    """Pooling between convolutions runs in NHWC; oneDNN's pooling and the numba/NumPy kernels
+    (without oneDNN) both give onnxruntime's numbers, ceil-mode overhang and padding counts included."""
+    if path == "onednn" and not onednn.AVAILABLE:
+        pytest.skip("oneDNN is not installed (the `onednn` extra): its pooling cannot run")
+    if path == "numba":
+        monkeypatch.setattr(onednn, "AVAILABLE", False)
+    calls: list[str] = []
+    real = onednn.Pool2D.__call__
+    monkeypatch.setattr(onednn.Pool2D, "__call__", lambda self, *a: calls.append(self.name) or real(self, *a))
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node(op, ["c"], ["m"], **attrs),
              node("Conv", ["m", "w2"], ["y"])]
     consts = {"w": f32(6, 3, 3, 3), "w2": f32(4, 6, 1, 1)}
     feeds = {"x": f32(2, 3, 9, 10)}
     assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
+    include_pad_overhang = attrs.get("count_include_pad") and attrs.get("ceil_mode")
+    assert bool(calls) == (path == "onednn" and not include_pad_overhang), f"oneDNN pooling calls: {calls}"
 
 
 @pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed: the NumPy kernels run instead")
