@@ -15,6 +15,7 @@ from ..timing import median_seconds
 from ..program import compile_graph
 from ..target import Target
 from ..partition import SegmentRunner
+from ..specialize import ShapeSpecializedPlan, computes_shapes
 from . import NodeIdentity
 from .onnxruntime_fallback import host_coverage, prepare_with_fallback
 
@@ -27,7 +28,7 @@ class HostRuntime:
     def identity(self) -> NodeIdentity:
         return NodeIdentity("cpu", None, f"numpy{np.__version__}-{platform.machine()}")
 
-    def prepare(self, graph: Graph, options: dict[str, Any]) -> SequentialPlan | DataflowExecutor | SegmentRunner:
+    def prepare(self, graph: Graph, options: dict[str, Any]) -> SequentialPlan | ShapeSpecializedPlan | DataflowExecutor | SegmentRunner:
         """A plan for `graph`; nodes without a host kernel run in onnxruntime segments between
         host segments, where the model allows it (see runtime/coverage.py)."""
         coverage = host_coverage(graph)
@@ -41,7 +42,11 @@ class HostRuntime:
                                     parallel.shared_pool())
         if executor != "sequential":
             raise ValueError(f"host executor {executor!r}: expected sequential or dataflow")
-        return SequentialPlan(compile_graph(graph, "host", subgraph_plan=SequentialPlan))
+        pristine = copy.deepcopy(graph) if any(d < 0 for v in graph.inputs for d in v.shape or ()) else None
+        plan = _sequential(graph)
+        if pristine is not None and computes_shapes(plan.prog):
+            return ShapeSpecializedPlan(pristine, plan, _sequential)
+        return plan
 
     def tune(self, graph: Graph, target: Target, golden: dict[int, Any]) -> dict[str, Any]:
         """Pick the faster executor for this model on this node, timed on the golden inputs."""
@@ -55,6 +60,10 @@ class HostRuntime:
             timings[executor] = median_seconds(lambda: exe.run(feeds), repeats=3)
         best = min(timings, key=timings.__getitem__)
         return {"executor": best, "timings_s": timings, "tuned_batch": batch}
+
+
+def _sequential(graph: Graph) -> SequentialPlan:
+    return SequentialPlan(compile_graph(graph, "host", subgraph_plan=SequentialPlan))
 
 
 RUNTIME = HostRuntime()

@@ -17,8 +17,12 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     """All passes in order. `layout=False` keeps NCHW (device runtimes whose kernels are NCHW)."""
     infer_shapes(graph)
     quantization.prepare(graph)  # before folding turns int8 weights back into float ones
-    fold_constants(graph)
-    infer_shapes(graph)
+    while True:  # a folded shape makes the next shapes static, which can fold in turn
+        before = len(graph.nodes)
+        fold_constants(graph)
+        infer_shapes(graph)
+        if len(graph.nodes) == before:
+            break
     if fusion:
         toposort(fuse(graph))
     quantization.requantize(graph)  # also clears what prepare noted for it
