@@ -139,6 +139,11 @@ def _gelu(xp: Any, p: Params) -> Unary:
         e *= 0.5
         return xp.multiply(x, e, out=out)
 
+    if xp is np:
+        from . import jit  # not at the top: jit reads this table's scalar forms
+
+        if jit.AVAILABLE:
+            return lambda x, out: jit.gelu(x, out) if x.dtype == np.float32 else f(x, out)
     return f
 
 

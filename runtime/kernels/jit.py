@@ -395,3 +395,48 @@ def softmax_rows(x: np.ndarray, log: bool) -> np.ndarray:
     rows = x.reshape(-1, x.shape[-1])
     run_split(_softmax_rows, (rows, log), rows.shape[0], rows.size)
     return x
+
+
+if numba is not None:
+    import math
+
+    @njit(cache=True, nogil=True)
+    def _layer_norm_rows(x, scale, bias, eps, out, start, stop):
+        # mean and variance in float64 over each row, then one scaled write
+        for r in range(start, stop):
+            row, dst = x[r], out[r]
+            total = 0.0
+            for i in range(row.size):
+                total += row[i]
+            mean = total / row.size
+            sq = 0.0
+            for i in range(row.size):
+                d = row[i] - mean
+                sq += d * d
+            inv = 1.0 / math.sqrt(sq / row.size + eps)
+            m, s = row.dtype.type(mean), row.dtype.type(inv)
+            for i in range(row.size):
+                dst[i] = (row[i] - m) * s * scale[i] + bias[i]
+
+    @njit(cache=True, nogil=True)
+    def _gelu(x, out, start, stop):
+        src, dst = x[start:stop], out[start:stop]
+        for i in range(src.size):
+            v = src[i]
+            dst[i] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
+
+
+def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
+    """LayerNormalization over the last axis of a C-contiguous float32 array into `out`, one
+    read for the moments and one for the result (NumPy's form takes eight passes)."""
+    rows, dst = x.reshape(-1, x.shape[-1]), out.reshape(-1, x.shape[-1])
+    run_split(_layer_norm_rows, (rows, scale, bias, eps, dst), rows.shape[0], rows.size)
+    return out
+
+
+def gelu(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
+    """GELU (erf form) of a float32 array in one pass with the C library's erf."""
+    flat = np.ascontiguousarray(x).reshape(-1)
+    dst = np.empty_like(flat) if out is None else out.reshape(-1)
+    run_split(_gelu, (flat, dst), flat.size, flat.size)
+    return dst.reshape(x.shape)

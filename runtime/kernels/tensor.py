@@ -91,6 +91,13 @@ def _squeeze_shape(spec: KernelSpec) -> OutputShapes:
 @register("Squeeze", _squeeze_shape, params=frozenset({1}))
 def squeeze(spec: KernelSpec) -> Run:
     attr_axes = spec.attr("axes")
+    const_axes = ints(spec.const(1)) if spec.has(1) else attr_axes
+    if spec.shapes[0] is not None and const_axes is not None:
+        rank = len(spec.shapes[0])
+        drop = {norm_axis(a, rank) for a in const_axes}
+        shape = [d for i, d in enumerate(spec.shapes[0]) if i not in drop]
+        if shape.count(-1) <= 1 and all(spec.shapes[0][i] == 1 for i in drop):
+            return lambda x, *_: (x.reshape(shape),)
 
     def run(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         ax = ints(axes) if axes is not None else attr_axes
@@ -113,6 +120,14 @@ def _unsqueeze_shape(spec: KernelSpec) -> OutputShapes:
 @register("Unsqueeze", _unsqueeze_shape, params=frozenset({1}))
 def unsqueeze(spec: KernelSpec) -> Run:
     attr_axes = spec.attr("axes")
+    const_axes = ints(spec.const(1)) if spec.has(1) else attr_axes
+    rank = None if spec.shapes[0] is None or const_axes is None else len(spec.shapes[0]) + len(const_axes)
+    if rank is not None:
+        shape = list(spec.shapes[0])  # type: ignore[arg-type]
+        for a in sorted(norm_axis(a, rank) for a in const_axes):  # type: ignore[union-attr]
+            shape.insert(a, 1)
+        if shape.count(-1) <= 1:  # a view with the same data: one reshape, no axis work per call
+            return lambda x, *_: (x.reshape(shape),)
 
     def run(x: np.ndarray, axes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         ax = ints(axes) if axes is not None else attr_axes

@@ -215,7 +215,9 @@ def fuse_silu(graph: Graph) -> bool:
 
 
 def fuse(graph: Graph) -> Graph:
-    for rewrite in (fold_pad_into_conv, fold_affine_into_conv, fuse_silu, fuse_epilogues):
+    from .recompose import recompose_gelu, recompose_layer_norm
+
+    for rewrite in (recompose_gelu, recompose_layer_norm, fold_pad_into_conv, fold_affine_into_conv, fuse_silu, fuse_epilogues):
         while rewrite(graph):
             pass
     return graph
