@@ -74,34 +74,68 @@ def _kernel_error(prog: Program, kid: int, e: BaseException) -> KernelError:
     return err
 
 
+Step = tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]  # run, operands, results, frees, kernel id
+
+
 class SequentialPlan:
-    """Precompiled straight-line execution of a Program."""
+    """Precompiled straight-line execution of a Program: the steps become one generated Python
+    function whose values are local variables (`v12 = r3(v7, c0)[0]`, `del v7` where a value
+    dies), so a step costs its kernel call and nothing else: no slot list, no loops over
+    operands, no per-step exception frame. `steps` stays the plan's description; assigning new
+    steps (a profiler wrapping each run) regenerates the function."""
 
     def __init__(self, prog: Program) -> None:
         self.prog = prog
-        self.n_slots = len(prog.values)
-        self.template: list[Any] = [v.const for v in prog.values]
-        self.steps = [
+        self.steps: list[Step] = [
             (k.run, tuple(k.inputs), tuple(k.outputs), tuple(k.frees), k.id) for k in prog.kernels
         ]
         self.inputs = prog.inputs
         self.outputs = prog.outputs
+        self._compiled: tuple[list[Step], Callable[..., list[np.ndarray]]] | None = None
 
     def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
-        slots = list(self.template)
-        for vid, x in zip(self.inputs, feeds):
-            slots[vid] = x
-        for run, ins, outs, frees, kid in self.steps:
-            try:
-                results = run(*[slots[i] if i >= 0 else None for i in ins])
-            except Exception as e:
-                raise _kernel_error(self.prog, kid, e) from e
-            for vid, r in zip(outs, results):
-                if vid >= 0:
-                    slots[vid] = r
-            for vid in frees:
-                slots[vid] = None
-        return [slots[i] for i in self.outputs]
+        compiled = self._compiled
+        if compiled is None or compiled[0] is not self.steps:
+            compiled = self._compiled = (self.steps, _generate(self.prog, self.steps))
+        if len(feeds) != len(self.inputs):
+            raise ValueError(f"expected {len(self.inputs)} inputs, got {len(feeds)}")
+        return compiled[1](*feeds)
+
+
+def _generate(prog: Program, steps: list[Step]) -> Callable[..., list[np.ndarray]]:
+    """The plan as one function of its inputs, in the order of `prog.inputs`."""
+    scope: dict[str, Any] = {"_failed": _failed_step, "_prog": prog}
+    consts = {v.id for v in prog.values if v.const is not None}
+
+    def ref(vid: int) -> str:
+        if vid < 0:
+            return "None"
+        if vid in consts:
+            scope[f"c{vid}"] = prog.values[vid].const
+            return f"c{vid}"
+        return f"v{vid}"
+
+    args = [f"v{vid}" for vid in prog.inputs]
+    body = ["step = -1", "try:"]
+    for i, (run, ins, outs, frees, kid) in enumerate(steps):
+        scope[f"r{i}"] = run
+        call = f"r{i}({', '.join(ref(v) for v in ins)})"
+        body.append(f"    step = {kid}")
+        targets = [f"v{v}" if v >= 0 else "_" for v in outs]
+        body.append(f"    {targets[0]} = {call}[0]" if len(targets) == 1 else f"    {', '.join(targets)}, *_ = {call}")
+        dead = [f"v{v}" for v in frees if v not in consts and v not in prog.inputs]
+        if dead:
+            body.append(f"    del {', '.join(dead)}")
+    body.append(f"    return [{', '.join(ref(v) for v in prog.outputs)}]")
+    body.append("except Exception as e:")
+    body.append("    raise _failed(_prog, step, e) from e")
+    source = f"def plan({', '.join(args)}):\n" + "\n".join("    " + line for line in body) + "\n"
+    exec(compile(source, f"<kubetrt plan of {len(steps)} steps>", "exec"), scope)
+    return scope["plan"]  # type: ignore[no-any-return]
+
+
+def _failed_step(prog: Program, kid: int, e: BaseException) -> BaseException:
+    return _kernel_error(prog, kid, e) if kid >= 0 else e
 
 
 class DataflowExecutor:
