@@ -363,7 +363,7 @@ if numba is not None:
 
 if numba is not None:
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
     def _softmax_rows(x, log, start, stop):
         # in place over the rows of a 2-D array: one sweep for the max, one for exp and its sum
         for r in range(start, stop):
@@ -389,18 +389,51 @@ if numba is not None:
                     row[i] *= inv
 
 
+if numba is not None:
+
+    @njit(cache=True, nogil=True)
+    def _shift_rows(x, start, stop):
+        for r in range(start, stop):
+            row = x[r]
+            m = row[0]
+            for i in range(row.size):
+                m = max(m, row[i])
+            for i in range(row.size):
+                row[i] -= m
+
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
+    def _normalize_rows(x, start, stop):
+        for r in range(start, stop):
+            row = x[r]
+            total = 0.0
+            for i in range(row.size):
+                total += row[i]
+            inv = row.dtype.type(1.0 / total)
+            for i in range(row.size):
+                row[i] *= inv
+
+
+VECTOR_EXP_ELEMENTS = 4096  # above this NumPy's SIMD exp between two jitted passes beats scalar exp calls
+
+
 def softmax_rows(x: np.ndarray, log: bool) -> np.ndarray:
     """(Log)softmax over the last axis of a C-contiguous float array, in place, one pass per row
-    for max and sum (NumPy's form allocates and sweeps four times: costly on small heads)."""
+    for max and sum (NumPy's form allocates and sweeps four times: costly on small heads). On
+    large tensors exp runs as one NumPy SIMD pass between the jitted ones: numba's exp is scalar."""
     rows = x.reshape(-1, x.shape[-1])
-    run_split(_softmax_rows, (rows, log), rows.shape[0], rows.size)
+    if log or rows.size < VECTOR_EXP_ELEMENTS:
+        run_split(_softmax_rows, (rows, log), rows.shape[0], rows.size)
+        return x
+    run_split(_shift_rows, (rows,), rows.shape[0], rows.size)
+    np.exp(rows, out=rows)
+    run_split(_normalize_rows, (rows,), rows.shape[0], rows.size)
     return x
 
 
 if numba is not None:
     import math
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
     def _layer_norm_rows(x, scale, bias, eps, out, start, stop):
         # mean and variance in float64 over each row, then one scaled write
         for r in range(start, stop):
@@ -417,6 +450,27 @@ if numba is not None:
             m, s = row.dtype.type(mean), row.dtype.type(inv)
             for i in range(row.size):
                 dst[i] = (row[i] - m) * s * scale[i] + bias[i]
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _gelu_exp_argument(x, out, start, stop):
+        src, dst = x[start:stop], out[start:stop]
+        for i in range(src.size):
+            z = src[i] * np.float32(0.70710677)
+            dst[i] = -z * z
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _gelu_finish(x, e, start, stop):
+        # e holds exp(-z^2); erf(|z|) = 1 - poly(t) exp(-z^2), t = 1 / (1 + p|z|)
+        # error_model="numpy": no zero-division branch per element, so the loop vectorizes
+        src, dst = x[start:stop], e[start:stop]
+        for i in range(src.size):
+            v = src[i]
+            a = abs(v) * np.float32(0.70710677)
+            t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * a)
+            poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)
+                   + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
+            erf = np.float32(1.0) - poly * dst[i]
+            dst[i] = np.float32(0.5) * v * (np.float32(1.0) + (erf if v >= 0 else -erf))
 
     @njit(cache=True, nogil=True)
     def _gelu(x, out, start, stop):
@@ -435,8 +489,21 @@ def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: flo
 
 
 def gelu(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """GELU (erf form) of a float32 array in one pass with the C library's erf."""
+    """GELU (erf form) of a float32 array. Small tensors: one pass with the C library's erf. Large
+    ones: erf by Abramowitz & Stegun 7.1.26 (as the NumPy path), its exp as one NumPy SIMD pass."""
     flat = np.ascontiguousarray(x).reshape(-1)
     dst = np.empty_like(flat) if out is None else out.reshape(-1)
-    run_split(_gelu, (flat, dst), flat.size, flat.size)
+    if flat.size < VECTOR_EXP_ELEMENTS:
+        run_split(_gelu, (flat, dst), flat.size, flat.size)
+    else:
+        run_split(_gelu_vector_exp, (flat, dst), flat.size, flat.size // GELU_PASSES)
     return dst.reshape(x.shape)
+
+
+GELU_PASSES = 4  # the three passes of a slice cost less than one thread hop below MIN_WORK_PER_THREAD x this
+
+
+def _gelu_vector_exp(flat: np.ndarray, dst: np.ndarray, start: int, stop: int) -> None:
+    _gelu_exp_argument(flat, dst, start, stop)
+    np.exp(dst[start:stop], out=dst[start:stop])
+    _gelu_finish(flat, dst, start, stop)
