@@ -496,6 +496,8 @@ def gelu(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
     if flat.size < VECTOR_EXP_ELEMENTS:
         run_split(_gelu, (flat, dst), flat.size, flat.size)
     else:
+        if np.may_share_memory(flat, dst):  # in place: the passes park exp's argument in dst, x is still needed
+            dst = np.empty_like(flat)
         run_split(_gelu_vector_exp, (flat, dst), flat.size, flat.size // GELU_PASSES)
     return dst.reshape(x.shape)
 

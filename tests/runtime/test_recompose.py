@@ -86,3 +86,15 @@ def test_global_average_pool_of_an_image_is_not_a_layer_norm() -> None:
     feeds = {"x": rng.standard_normal((2, 3, 4, 6)).astype(np.float32)}
     ops = check(make_model(layer_norm_nodes("GlobalAveragePool"), feeds, ["y"], consts), feeds)
     assert "LayerNormalization" not in ops
+
+
+@pytest.mark.parametrize("elements", [64, 1 << 16])  # the one-pass and the SIMD-exp paths
+def test_gelu_in_place_on_its_input_keeps_the_input_until_done(elements: int) -> None:
+    from kubetrt.runtime.kernels import activations, jit
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is not installed: the NumPy form runs")
+    x = (rng.standard_normal(elements) * 2).astype(np.float32)
+    expected = activations.bind(np, "Gelu", {}, may_be_half=False)(x.astype(np.float64), None)
+    got = jit.gelu(x, x)  # the executor hands a dying input as `out`
+    np.testing.assert_allclose(got, expected, rtol=1e-6, atol=1e-6)
