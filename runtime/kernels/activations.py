@@ -14,15 +14,18 @@ from typing import Any
 
 import numpy as np
 
+from . import jit
+from .jit import SCALAR_CLAMP, SCALAR_NONE
+
 Params = dict[str, Any]  # an activation's attributes, defaults filled in
 Unary = Callable[[Any, Any], Any]  # f(x, out): out is None (a fresh result) or the array to write, possibly x
 Act = tuple[str, dict[str, Any]]  # a fused node's `activation` attribute: (op, its attributes)
 Eltwise = tuple[str, float, float]  # a oneDNN eltwise post-op: (alg_kind name, alpha, beta)
 Scalar = tuple[int, float, float]  # (SCALAR_* form, a, b): how the numba kernels apply an activation in place
 
-# The scalar forms of the numba kernels: none, or jit.clamp(v, a, b). Each kernel branches on the
-# form once per row, outside its element loop (a per-element dispatch there stops vectorization).
-SCALAR_NONE, SCALAR_CLAMP = 0, 1
+# The scalar forms of the numba kernels (jit.SCALAR_NONE, jit.SCALAR_CLAMP: jit.clamp(v, a, b)). Each
+# kernel branches on the form once per row, outside its element loop (a per-element dispatch there
+# stops vectorization).
 
 
 @dataclass(frozen=True)
@@ -139,11 +142,8 @@ def _gelu(xp: Any, p: Params) -> Unary:
         e *= 0.5
         return xp.multiply(x, e, out=out)
 
-    if xp is np:
-        from . import jit  # not at the top: jit reads this table's scalar forms
-
-        if jit.AVAILABLE:
-            return lambda x, out: jit.gelu(x, out) if x.dtype == np.float32 else f(x, out)
+    if xp is np and jit.AVAILABLE:
+        return lambda x, out: jit.gelu(x, out) if x.dtype == np.float32 else f(x, out)
     return f
 
 

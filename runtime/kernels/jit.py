@@ -16,7 +16,6 @@ import numpy as np
 
 from kubetrt.telemetry.logs import log
 
-from .activations import SCALAR_CLAMP, SCALAR_NONE
 from .parallel import threads_from_env
 
 try:  # pragma: no cover - exercised implicitly wherever numba is installed
@@ -27,6 +26,9 @@ except ImportError:  # pragma: no cover
     numba = None  # type: ignore[assignment]  # AVAILABLE is False: nothing reads it
     AVAILABLE = False
 
+# How the numba kernels apply a fused activation in place: none, or clamp(v, a, b) (Relu is
+# clamp(v, 0, inf), Clip clamp(v, min, max)); activations.py maps its table onto these.
+SCALAR_NONE, SCALAR_CLAMP = 0, 1
 CACHE_LOG_MSG = "numba cache fallback"  # the one line logged when the cache is not where numba looks first
 logger = logging.getLogger("kubetrt.runtime")
 
