@@ -154,12 +154,32 @@ def time_calls(run: Callable[[Any], Any], feeds: Any, seconds: float, min_reps: 
     return times
 
 
+NEIGHBOUR_ENV = "KUBETRT_BENCH_NEIGHBOUR"  # "same-process": bench/contention.py's in-process neighbour
+
+
+def start_neighbour(package: Path, savedmodel: Path, feeds: dict[str, np.ndarray]) -> None:
+    """Another runtime at work in this process (OpenVINO, its own thread pool, on the same model,
+    a millisecond's pause between calls): what a pod with a second model or a sidecar runtime has."""
+    import threading
+
+    run = runner("openvino", package, savedmodel, feeds)
+
+    def loop() -> None:
+        while True:
+            run(feeds)
+            time.sleep(0.001)
+
+    threading.Thread(target=loop, name="neighbour", daemon=True).start()
+
+
 def worker(engine: str, model: str, batch: int, seconds: float, package: Path, savedmodel: Path) -> dict[str, Any]:
     if engine == BASELINE:
         sys.path.insert(0, str(HERE))
         import _bootstrap  # noqa: F401  (reads KUBETRT_BENCH_CHECKOUT before kubetrt is imported)
     feeds = feeds_for(package, batch)
     run = runner(engine, package, savedmodel, feeds)
+    if os.environ.get(NEIGHBOUR_ENV) == "same-process":
+        start_neighbour(package, savedmodel, feeds)
     times = time_calls(run, feeds, seconds, min_reps=5 if batch > 1 else 20)
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
@@ -218,9 +238,9 @@ def one_line(text: str) -> str:
     return flat if len(flat) <= ERROR_CHARS else flat[: ERROR_CHARS - 3] + "..."
 
 
-def spawn(args: list[str], checkout: Path | None = None) -> dict[str, Any]:
+def spawn(args: list[str], checkout: Path | None = None, env: dict[str, str] | None = None) -> dict[str, Any]:
     """The worker's JSON result, or WorkerFailed with its reason (its own error line, else how it died)."""
-    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3")
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {}))
     if checkout is not None:
         env["KUBETRT_BENCH_CHECKOUT"] = str(checkout)
     proc = subprocess.run([sys.executable, str(Path(__file__)), *args], capture_output=True, text=True, env=env)

@@ -131,7 +131,8 @@ def _generate(prog: Program, steps: list[Step]) -> Callable[..., list[np.ndarray
     body.append("    raise _failed(_prog, step, e) from e")
     source = f"def plan({', '.join(args)}):\n" + "\n".join("    " + line for line in body) + "\n"
     exec(compile(source, f"<kubetrt plan of {len(steps)} steps>", "exec"), scope)
-    return scope["plan"]  # type: ignore[no-any-return]
+    plan: Callable[..., list[np.ndarray]] = scope["plan"]
+    return plan
 
 
 def _failed_step(prog: Program, kid: int, e: BaseException) -> BaseException:

@@ -345,7 +345,7 @@ if numba is not None:
         return codegen
 
     def _words(*ts: Any) -> bool:
-        return all(isinstance(t, _types.Integer) and t.bitwidth == 64 for t in ts)
+        return all(isinstance(t, _types.Integer) and getattr(t, "bitwidth", 0) == 64 for t in ts)
 
     # int fn(word, ...) called at address `fn`: pointers and handles as 64-bit integers, so the
     # jitted caller takes addresses as arguments and stays cacheable (a ctypes function object

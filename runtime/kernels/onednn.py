@@ -214,7 +214,7 @@ class _Memories:
 if jit.AVAILABLE and _lib is not None:
 
     @jit.njit(cache=True, nogil=True)
-    def _execute_io(fns, prim, stream, nargs, packed, mem_src, mem_dst, src, dst):  # type: ignore[no-untyped-def]
+    def _execute_io(fns, prim, stream, nargs, packed, mem_src, mem_dst, src, dst):
         # One compiled call for what costs five Python-level ctypes calls: point the bound source
         # and destination memories at this call's arrays, execute, wait.
         set_handle, execute, wait = fns

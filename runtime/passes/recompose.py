@@ -156,8 +156,9 @@ def _layer_norm(m: _Matcher, root: Node) -> tuple[str, np.ndarray, np.ndarray, f
                 continue
             rank = len(m.graph.values[x].shape or ())
             gamma, beta = _channel_vector(m.const(gamma_value), rank), _channel_vector(m.const(beta_value), rank)
-            interior = [scaled, shift, g, shifted, neg, mean[0], rstd, sqrt, plus_eps, var[0], square, diff]  # type: ignore[list-item, index]
-            if gamma is None or beta is None or gamma.size != beta.size or not m.closed(root, interior):
+            parts = [scaled, shift, g, shifted, neg, mean[0], rstd, sqrt, plus_eps, var[0] if var else None, square, diff]
+            interior = [n for n in parts if n is not None]
+            if len(interior) != len(parts) or gamma is None or beta is None or gamma.size != beta.size or not m.closed(root, interior):
                 continue
             return x, gamma, beta, float(eps.reshape(-1)[0]), interior
     return None

@@ -1,0 +1,94 @@
+"""How much each runtime slows down when it does not have the CPU to itself.
+
+    python bench/contention.py [--models small_cnn mobilenet_v2] [--engines kubetrt onnxruntime]
+                               [--batches 1] [--seconds 1] [--rounds 3]
+
+Each cell runs in bench/runtime.py's measuring worker under three conditions: alone; beside a
+busy core (another process spinning on one CPU, as a noisy pod on the node); and with another
+runtime at work in the same process (OpenVINO's thread pool inferring the same model, as a
+second model or a sidecar runtime in one pod). Engines and conditions take turns round by round,
+and each reports the median of its rounds' medians. The last lines give each engine's slowdown
+(time under the condition / time alone) per cell: the goal is kubetrt's no worse than
+onnxruntime's.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import subprocess
+import sys
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Iterator
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+
+import runtime as bench  # noqa: E402  (bench/runtime.py: its worker, spawn and zoo access)
+
+CONDITIONS = ("alone", "busy-core", "same-process")
+
+
+@contextmanager
+def condition(name: str) -> Iterator[dict[str, str]]:
+    """The environment a worker runs in under `name`, with a busy neighbour process while needed."""
+    if name == "busy-core":
+        spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        try:
+            yield {}
+        finally:
+            spinner.kill()
+            spinner.wait()
+    elif name == "same-process":
+        yield {bench.NEIGHBOUR_ENV: "same-process"}
+    else:
+        yield {}
+
+
+def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path], seconds: float,
+            rounds: int) -> dict[tuple[str, str], float]:
+    runs: dict[tuple[str, str], list[float]] = {}
+    for r in range(rounds):
+        for cond in CONDITIONS:
+            for engine in engines:
+                bench._progress(f"{model} batch {batch} {engine} {cond} (round {r + 1}/{rounds})")
+                args = ["--worker", engine, model, str(batch), *map(str, paths), "--seconds", str(seconds / rounds)]
+                with condition(cond) as env:
+                    result = bench.spawn(args, env=env)
+                runs.setdefault((engine, cond), []).append(result["median_s"])
+    return {cell: statistics.median(times) for cell, times in runs.items()}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", nargs="+", default=["small_cnn", "mobilenet_v2"], choices=bench.MODELS)
+    p.add_argument("--engines", nargs="+", default=["kubetrt", "onnxruntime"], choices=bench.ENGINES)
+    p.add_argument("--batches", nargs="+", type=int, default=[1])
+    p.add_argument("--seconds", type=float, default=1.0, help="measuring time per cell and condition, split over the rounds")
+    p.add_argument("--rounds", type=int, default=3)
+    a = p.parse_args()
+
+    from _zoo import zoo
+
+    z = zoo()
+    lines = []
+    print(f"{'model':<14}{'batch':>6}  {'engine':<12}" + "".join(f"{c:>16}" for c in CONDITIONS))
+    for m in a.models:
+        paths = (z.package(m), z.savedmodel(m))
+        for batch in a.batches:
+            times = measure(m, batch, a.engines, paths, a.seconds, a.rounds)
+            for e in a.engines:
+                alone = times[(e, "alone")]
+                cells = "".join(f"{times[(e, c)] * 1e3:>10.3f} ms" + (f" {times[(e, c)] / alone:3.1f}x" if c != "alone" else "   ")
+                                for c in CONDITIONS)
+                print(f"{m:<14}{batch:>6}  {e:<12}{cells}")
+            for c in CONDITIONS[1:]:
+                slow = ", ".join(f"{e} {times[(e, c)] / times[(e, 'alone')]:.2f}x" for e in a.engines)
+                lines.append(f"slowdown  {m} b{batch} {c}: {slow}")
+    print("\nslowdown = time under the condition / time alone (lower is better):")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
