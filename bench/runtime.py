@@ -157,19 +157,27 @@ def time_calls(run: Callable[[Any], Any], feeds: Any, seconds: float, min_reps: 
 NEIGHBOUR_ENV = "KUBETRT_BENCH_NEIGHBOUR"  # "same-process": bench/contention.py's in-process neighbour
 
 
-def start_neighbour(package: Path, savedmodel: Path, feeds: dict[str, np.ndarray]) -> None:
+def start_neighbour(package: Path, savedmodel: Path, feeds: dict[str, np.ndarray]) -> Callable[[], None]:
     """Another runtime at work in this process (OpenVINO, its own thread pool, on the same model,
-    a millisecond's pause between calls): what a pod with a second model or a sidecar runtime has."""
+    a millisecond's pause between calls): what a pod with a second model or a sidecar runtime has.
+    Returns the call that stops it (a native pool still inferring at interpreter exit aborts it)."""
     import threading
 
     run = runner("openvino", package, savedmodel, feeds)
+    stop = threading.Event()
 
     def loop() -> None:
-        while True:
+        while not stop.is_set():
             run(feeds)
             time.sleep(0.001)
 
-    threading.Thread(target=loop, name="neighbour", daemon=True).start()
+    thread = threading.Thread(target=loop, name="neighbour", daemon=True)
+    thread.start()
+
+    def stopped() -> None:
+        stop.set()
+        thread.join()
+    return stopped
 
 
 def worker(engine: str, model: str, batch: int, seconds: float, package: Path, savedmodel: Path) -> dict[str, Any]:
@@ -178,9 +186,12 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
         import _bootstrap  # noqa: F401  (reads KUBETRT_BENCH_CHECKOUT before kubetrt is imported)
     feeds = feeds_for(package, batch)
     run = runner(engine, package, savedmodel, feeds)
-    if os.environ.get(NEIGHBOUR_ENV) == "same-process":
-        start_neighbour(package, savedmodel, feeds)
-    times = time_calls(run, feeds, seconds, min_reps=5 if batch > 1 else 20)
+    neighbour = start_neighbour(package, savedmodel, feeds) if os.environ.get(NEIGHBOUR_ENV) == "same-process" else None
+    try:
+        times = time_calls(run, feeds, seconds, min_reps=5 if batch > 1 else 20)
+    finally:
+        if neighbour is not None:
+            neighbour()
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
     return {"source": source, "engine": engine, "model": model, "batch": batch, "median_s": med, "reps": len(times), "items_per_s": batch / med}

@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import os
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -98,6 +99,87 @@ def _load() -> ctypes.CDLL | None:
 
 _lib = _load()
 AVAILABLE = _lib is not None
+
+
+def _openmp() -> tuple[Any, int]:
+    """omp_set_num_threads of the OpenMP runtime oneDNN runs on, and its default team size."""
+    if _lib is None:
+        return None, 1
+    try:
+        gomp = ctypes.CDLL("libgomp.so.1")  # the copy libdnnl loaded: same soname, same handle
+    except OSError:
+        return None, 1
+    gomp.omp_set_num_threads.argtypes, gomp.omp_set_num_threads.restype = [ctypes.c_int], None
+    return gomp.omp_set_num_threads, int(gomp.omp_get_max_threads())
+
+
+_set_omp_threads, _OMP_THREADS = _openmp()
+
+
+class TeamChoice:
+    """Per primitive and input shape: run the OpenMP team or a team of one, whichever has been faster lately.
+
+    A team splits a call's work statically: when a neighbour (another process on the node, another
+    runtime's pool in this process) holds one of the cores, every call waits for the thread it
+    descheduled and takes several times longer, where one thread alone loses only the second
+    core. Neither choice is right everywhere, so both are timed: each call runs the variant whose
+    recent mean (EWMA, weight ALPHA) is lower, and every EXPLORE-th call the other one, so a
+    neighbour that comes or goes is noticed within a few dozen calls. The single-threaded
+    variant is made on first use.
+    """
+
+    ALPHA, EXPLORE, WARM = 0.25, 32, 4
+    ENABLED = _set_omp_threads is not None and _OMP_THREADS > 1
+
+    __slots__ = ("mean", "calls")
+
+    def __init__(self) -> None:
+        self.mean: list[float | None] = [None, None]  # seconds: [team, one thread]
+        self.calls = 0
+
+    def pick(self) -> bool:
+        """Whether this call runs single-threaded."""
+        self.calls += 1
+        team, alone = self.mean
+        if not self.ENABLED or team is None or self.calls < self.WARM:
+            return False
+        if alone is None:
+            return True
+        faster = alone < team
+        return not faster if self.calls % self.EXPLORE == 0 else faster
+
+    def record(self, serial: bool, seconds: float) -> None:
+        m = self.mean[serial]
+        self.mean[serial] = seconds if m is None else m + self.ALPHA * (seconds - m)
+
+
+class _TeamOf:
+    """OpenMP team size for this thread's oneDNN calls inside the block (a primitive must run
+    with the team it was made for)."""
+
+    def __init__(self, threads: int) -> None:
+        self.threads = threads
+
+    def __enter__(self) -> None:
+        if _set_omp_threads is not None and self.threads != _OMP_THREADS:
+            _set_omp_threads(self.threads)
+
+    def __exit__(self, *_: Any) -> None:
+        if _set_omp_threads is not None and self.threads != _OMP_THREADS:
+            _set_omp_threads(_OMP_THREADS)
+
+
+def _execute(prim: "_Primitive", src: np.ndarray, dst: np.ndarray, consts: list[int], serial: bool, choice: TeamChoice) -> None:
+    """Run a source-to-destination primitive (a single-threaded one under a team of one), timed for `choice`."""
+    start = time.perf_counter()
+    if serial:
+        with _TeamOf(1):
+            prim.execute_io(src, dst, consts)
+    else:
+        prim.execute_io(src, dst, consts)
+    choice.record(serial, time.perf_counter() - start)
+
+
 _ISA_VNNI = (0x8, 0x40)  # dnnl_cpu_isa_t bits of avx2_vnni(_2) and avx512_core_vnni and their successors
 _ISA = _lib.dnnl_get_effective_cpu_isa() if _lib is not None else 0
 # Integer dot products without int16 intermediates (VNNI): no saturation for any int8 operands.
@@ -334,6 +416,7 @@ class _FusedOp:
             (_ARG_WEIGHTS, np.ascontiguousarray(quant.w_scales, dtype=np.float32).reshape(-1)),
         ] + ([] if quant.dst_scale is None else [(_ARG_DST, np.array([quant.dst_scale], np.float32))])
         self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], np.ndarray]] = {}  # primitive, constant pointers, weights
+        self._choices: dict[tuple[int, ...], TeamChoice] = {}
         self._weights: list[tuple[Any, np.ndarray]] = []  # (memory desc clone, reordered weights)
         self._lock = threading.Lock()
 
@@ -376,33 +459,39 @@ class _FusedOp:
             _check(lib.dnnl_post_ops_append_eltwise(post, st.alg_kind(kind), alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
         _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
 
-    def _primitive(self, key: tuple[int, ...]) -> tuple[_Primitive, list[int], np.ndarray]:
-        found = self._shapes.get(key)
+    def _primitive(self, key: tuple[int, ...], serial: bool = False) -> tuple[_Primitive, list[int], np.ndarray]:
+        """The primitive for this input shape, made for a team of one where `serial`."""
+        cached = key + (serial,)
+        found = self._shapes.get(cached)
         if found is not None:
             return found
         with self._lock:
-            if key in self._shapes:
-                return self._shapes[key]
+            if cached in self._shapes:
+                return self._shapes[cached]
             lib = _lib
             attr, post = ctypes.c_void_p(), ctypes.c_void_p()
             _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
             _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
             try:
                 self._attributes(attr, post)
-                pd = self._descriptor(key, attr)
+                with _TeamOf(1 if serial else _OMP_THREADS):
+                    pd = self._descriptor(key, attr)
             finally:
                 lib.dnnl_post_ops_destroy(post)  # type: ignore[union-attr]
                 lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
             scale_slots = [(_ARG_ATTR_SCALES | arg, _md((values.size,), _library().f32, _library().tag_a)) for arg, values in self._scales]
-            prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []), scale_slots)
+            with _TeamOf(1 if serial else _OMP_THREADS):
+                prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []), scale_slots)
             weights = self._reordered(prim.md(_ARG_WEIGHTS))
             consts = [weights.ctypes.data] + ([self.bias.ctypes.data] if self.bias is not None else [])
             consts += [values.ctypes.data for _, values in self._scales]
-            self._shapes[key] = (prim, consts, weights)
-            return self._shapes[key]
+            self._shapes[cached] = (prim, consts, weights)
+            return self._shapes[cached]
 
     def _run(self, key: tuple[int, ...], x: np.ndarray, shape: tuple[int, ...], residual: np.ndarray | None, overwrite_residual: bool) -> np.ndarray:
-        prim, const_ptrs, _ = self._primitive(key)
+        choice = self._choices.get(key) or self._choices.setdefault(key, TeamChoice())
+        serial = choice.pick()
+        prim, const_ptrs, _ = self._primitive(key, serial)
         if x.dtype != self.src_dtype:
             raise ValueError(f"{self.kind} {self.name}: expected a {self.src_dtype} input, got {x.dtype}")
         if self.residual:
@@ -418,7 +507,7 @@ class _FusedOp:
                 np.copyto(out.view(residual.dtype), residual)
         else:
             out = np.empty(shape, dtype=self.dst_dtype)
-        prim.execute_io(x, out, const_ptrs)
+        _execute(prim, x, out, const_ptrs, serial, choice)
         return out
 
     def __del__(self) -> None:
@@ -524,13 +613,15 @@ class Pool2D:
         self.kernel, self.strides, self.dil, self.name = list(kernel), list(strides), list(dil), name
         self._shapes: dict[tuple[int, ...], _Primitive] = {}
         self._lock = threading.Lock()
+        self._choices: dict[tuple[int, ...], TeamChoice] = {}
 
-    def _primitive(self, key: tuple[int, ...]) -> _Primitive:
-        found = self._shapes.get(key)
+    def _primitive(self, key: tuple[int, ...], serial: bool) -> _Primitive:
+        cached = key + (serial,)
+        found = self._shapes.get(cached)
         if found is not None:
             return found
         with self._lock:
-            if key not in self._shapes:
+            if cached not in self._shapes:
                 lib, st = _lib, _library()
                 n, h, wd, c, oh, ow, pt, pl, pb, pr = key
                 kernel = self.kernel if self.kernel else [h, wd]
@@ -543,11 +634,13 @@ class Pool2D:
                         _check(lib.dnnl_pooling_forward_primitive_desc_create(  # type: ignore[union-attr]
                             pd, st.engine, st.inference, self.alg, src, dst, _Dims(*self.strides), _Dims(*kernel),
                             _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "pooling")
-                    pd = _descriptor_with([_md((n, c, h, wd), st.f32, st.tag_acdb), _md((n, c, oh, ow), st.f32, st.tag_acdb)], create)
+                    with _TeamOf(1 if serial else _OMP_THREADS):
+                        pd = _descriptor_with([_md((n, c, h, wd), st.f32, st.tag_acdb), _md((n, c, oh, ow), st.f32, st.tag_acdb)], create)
                 finally:
                     lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
-                self._shapes[key] = _Primitive(pd, [_ARG_SRC, _ARG_DST])
-            return self._shapes[key]
+                with _TeamOf(1 if serial else _OMP_THREADS):
+                    self._shapes[cached] = _Primitive(pd, [_ARG_SRC, _ARG_DST])
+            return self._shapes[cached]
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> np.ndarray:
         """Pool an NHWC float32 tensor to (N, oh, ow, C); an empty kernel pools each whole plane."""
@@ -556,7 +649,9 @@ class Pool2D:
         n, h, wd, c = x.shape
         out = np.empty((n, oh, ow, c), dtype=_F32)
         key = (n, h, wd, c, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1])
-        self._primitive(key).execute_io(np.ascontiguousarray(x), out, [])
+        choice = self._choices.get(key) or self._choices.setdefault(key, TeamChoice())
+        serial = choice.pick()
+        _execute(self._primitive(key, serial), np.ascontiguousarray(x), out, [], serial, choice)
         return out
 
 

@@ -1,0 +1,47 @@
+"""oneDNN calls choose between the OpenMP team and a team of one by timing both: the choice
+follows whichever is faster, keeps exploring the other, and the single-threaded primitives
+give the same numbers."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from kubetrt.runtime.kernels import onednn
+from kubetrt.runtime.kernels.onednn import TeamChoice
+
+
+def drive(choice: TeamChoice, team_s: float, alone_s: float, calls: int) -> list[bool]:
+    picks = []
+    for _ in range(calls):
+        serial = choice.pick()
+        choice.record(serial, alone_s if serial else team_s)
+        picks.append(serial)
+    return picks
+
+
+@pytest.mark.skipif(not TeamChoice.ENABLED, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
+def test_choice_follows_the_faster_team_and_keeps_exploring() -> None:
+    choice = TeamChoice()
+    quiet = drive(choice, team_s=1e-3, alone_s=1.7e-3, calls=320)
+    assert sum(quiet[TeamChoice.WARM:]) <= 320 // TeamChoice.EXPLORE + 1, "uncontended: the team runs, one thread only explores"
+    contended = drive(choice, team_s=6e-3, alone_s=1.7e-3, calls=320)  # a neighbour takes a core
+    assert sum(contended[-200:]) >= 200 - 200 // TeamChoice.EXPLORE - 1, "contended: one thread runs"
+    calm = drive(choice, team_s=1e-3, alone_s=1.7e-3, calls=640)  # the neighbour leaves
+    assert sum(calm[-200:]) <= 200 // TeamChoice.EXPLORE + 1, "the team is taken back once it is faster again"
+
+
+@pytest.mark.skipif(not onednn.AVAILABLE, reason="oneDNN is not installed (the `onednn` extra)")
+def test_single_threaded_primitives_give_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(5)
+    w, b = rng.standard_normal((16, 8, 3, 3)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
+    x, res = rng.standard_normal((2, 9, 9, 8)).astype(np.float32), rng.standard_normal((2, 9, 9, 16)).astype(np.float32)
+    results = {}
+    for serial in (False, True):
+        monkeypatch.setattr(TeamChoice, "pick", lambda self, s=serial: s)
+        conv = onednn.Conv2D(w, b, 1, [1, 1], [1, 1], ("eltwise_relu", 0.0, 0.0), True, "nhwc")
+        pool = onednn.Pool2D("pooling_max", (3, 3), [2, 2], [1, 1])
+        y = conv(x, 9, 9, [1, 1], [1, 1], res)
+        results[serial] = (y, pool(y, 5, 5, [1, 1], [1, 1]))
+        assert list(conv._shapes) == [(2, 9, 9, 9, 9, 1, 1, 1, 1, serial)], "the primitive made for the chosen team ran"
+    for a, c in zip(results[False], results[True]):
+        np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
