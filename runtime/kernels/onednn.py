@@ -123,12 +123,13 @@ class TeamChoice:
     runtime's pool in this process) holds one of the cores, every call waits for the thread it
     descheduled and takes several times longer, where one thread alone loses only the second
     core. Neither choice is right everywhere, so both are timed: each call runs the variant whose
-    recent mean (EWMA, weight ALPHA) is lower, and every EXPLORE-th call the other one, so a
+    recent mean (EWMA, weight ALPHA) is lower (one thread by MARGIN), and every EXPLORE-th call the other one, so a
     neighbour that comes or goes is noticed within a few dozen calls. The single-threaded
     variant is made on first use.
     """
 
-    ALPHA, EXPLORE, WARM = 0.25, 32, 4
+    ALPHA, EXPLORE, WARM = 0.25, 64, 4
+    MARGIN = 0.8  # one thread must be clearly faster: a noisy spell alone should not give up the team
     ENABLED = _set_omp_threads is not None and _OMP_THREADS > 1
 
     __slots__ = ("mean", "calls")
@@ -145,7 +146,7 @@ class TeamChoice:
             return False
         if alone is None:
             return True
-        faster = alone < team
+        faster = alone < self.MARGIN * team
         return not faster if self.calls % self.EXPLORE == 0 else faster
 
     def record(self, serial: bool, seconds: float) -> None:
