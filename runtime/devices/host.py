@@ -15,7 +15,7 @@ from ..timing import median_seconds
 from ..program import compile_graph
 from ..target import Target
 from ..partition import SegmentRunner
-from ..specialize import ShapeSpecializedPlan, computes_shapes
+from ..specialize import SHAPE_OPS, ShapeSpecializedPlan, computes_shapes
 from . import NodeIdentity
 from .onnxruntime_fallback import host_coverage, prepare_with_fallback
 
@@ -42,7 +42,9 @@ class HostRuntime:
                                     parallel.shared_pool())
         if executor != "sequential":
             raise ValueError(f"host executor {executor!r}: expected sequential or dataflow")
-        pristine = copy.deepcopy(graph) if any(d < 0 for v in graph.inputs for d in v.shape or ()) else None
+        # only a graph with dynamic inputs and shape ops can need specializing: others skip the copy
+        dynamic = any(d < 0 for v in graph.inputs for d in v.shape or ())
+        pristine = copy.deepcopy(graph) if dynamic and any(n.op in SHAPE_OPS for n in graph.nodes) else None
         plan = _sequential(graph)
         if pristine is not None and computes_shapes(plan.prog):
             return ShapeSpecializedPlan(pristine, plan, _sequential)
