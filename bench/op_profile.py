@@ -75,10 +75,13 @@ def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int) -> dic
     from kubetrt.runtime.devices.host import RUNTIME
     from kubetrt.runtime.executor import SequentialPlan
     from kubetrt.runtime.onnx_import import load_onnx
+    from kubetrt.runtime.specialize import ShapeSpecializedPlan
 
     graph = load_onnx(model)
     args = [feeds[v.name] for v in graph.inputs]
     plan = RUNTIME.prepare(graph, {})
+    if isinstance(plan, ShapeSpecializedPlan):  # what serves these feeds once their shapes are compiled in
+        plan = plan.specialized(args)
     if not isinstance(plan, SequentialPlan):
         raise TypeError(f"{model}: the host runtime planned a {type(plan).__name__}, not a SequentialPlan; "
                         "only a plan of host kernels has steps to time")

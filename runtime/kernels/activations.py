@@ -210,7 +210,7 @@ ACTIVATIONS: dict[str, Activation] = _table(
     Activation("Silu", _silu, wide=True, fusable=True, onednn=lambda p: ("eltwise_swish", 1.0, 0.0),
                cuda_c=lambda p: "v / (1.f + expf(-v))"),
     Activation("HardSwish", _hard_swish, fusable=True, cuda_c=lambda p: "v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f"),
-    Activation("Gelu", _gelu, wide=True, fusable=True, cuda_c=lambda p: "0.5f * v * (1.f + erff(v * 0.70710678f))"),
+    Activation("Gelu", _gelu, wide=True, fusable=True, onednn=lambda p: ("eltwise_gelu_erf", 0.0, 0.0), cuda_c=lambda p: "0.5f * v * (1.f + erff(v * 0.70710678f))"),
     Activation("Erf", _erf, wide=True),
     Activation("Erfc", _erfc, wide=True),
     Activation("Elu", _elu, {"alpha": 1.0}, wide=True, fusable=True,

@@ -35,7 +35,7 @@ _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
 _ARG_ATTR_SCALES = 4096  # | the argument it scales
 MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call costs more than NumPy's
-_QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 136, 255
+_QUERY_IMPL_INFO_STR, _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 8, 136, 255
 
 
 class _ExecArg(ctypes.Structure):
@@ -79,6 +79,8 @@ def _load() -> ctypes.CDLL | None:
         "dnnl_post_ops_append_eltwise": ([p, i, f, f], i),
         "dnnl_convolution_forward_primitive_desc_create": ([pp, p, i, i, p, p, p, p, _Dims, _Dims, _Dims, _Dims, p], i),
         "dnnl_matmul_primitive_desc_create": ([pp, p, p, p, p, p, p], i),
+        "dnnl_inner_product_forward_primitive_desc_create": ([pp, p, i, p, p, p, p, p], i),
+        "dnnl_primitive_desc_query": ([p, i, i, p], i),
         "dnnl_pooling_forward_primitive_desc_create": ([pp, p, i, i, p, p, _Dims, _Dims, _Dims, _Dims, _Dims, p], i),
         "dnnl_reorder_primitive_desc_create": ([pp, p, p, p, p, p], i),
         "dnnl_primitive_desc_query_md": ([p, i, i], p),
@@ -215,7 +217,7 @@ class _Library:
     def __init__(self) -> None:
         self.f32 = _enum("dt", "f32")
         self.dtypes = {np.dtype(t): _enum("dt", n) for t, n in ((np.float32, "f32"), (np.int8, "s8"), (np.uint8, "u8"))}
-        self.tag_any, self.tag_a, self.tag_ab = _enum("fmt_tag", "any"), _enum("fmt_tag", "a"), _enum("fmt_tag", "ab")
+        self.tag_any, self.tag_a, self.tag_ab, self.tag_ba = (_enum("fmt_tag", t) for t in ("any", "a", "ab", "ba"))
         self.tag_abcd, self.tag_acdb, self.tag_abcde = _enum("fmt_tag", "abcd"), _enum("fmt_tag", "acdb"), _enum("fmt_tag", "abcde")
         self.inference = _enum("prop_kind", "forward_inference")
         self.conv_direct = _enum("alg_kind", "convolution_direct")
@@ -333,6 +335,13 @@ class _Primitive:
 
     def md(self, arg: int) -> Any:
         return _lib.dnnl_primitive_desc_query_md(self.pd, _QUERY_EXEC_ARG_MD, arg)  # type: ignore[union-attr]
+
+    @property
+    def implementation(self) -> str:
+        """The kernel oneDNN chose, as it names it (e.g. brgemm:avx2)."""
+        name = ctypes.c_char_p()
+        _check(_lib.dnnl_primitive_desc_query(self.pd, _QUERY_IMPL_INFO_STR, 0, ctypes.byref(name)), "query impl_info_str")  # type: ignore[union-attr]
+        return (name.value or b"").decode()
 
     def execute(self, ptrs: list[int]) -> None:
         """Run on this thread's stream with `ptrs` in the order of the slots given at creation."""
@@ -489,6 +498,10 @@ class _FusedOp:
             self._shapes[cached] = (prim, consts, weights)
             return self._shapes[cached]
 
+    def implementation(self, key: tuple[int, ...]) -> str:
+        """The kernel oneDNN runs for this input shape key (made now if it is not yet)."""
+        return self._primitive(key)[0].implementation
+
     def _run(self, key: tuple[int, ...], x: np.ndarray, shape: tuple[int, ...], residual: np.ndarray | None, overwrite_residual: bool) -> np.ndarray:
         choice = self._choices.get(key) or self._choices.setdefault(key, TeamChoice())
         serial = choice.pick()
@@ -577,28 +590,46 @@ class Conv2D(_FusedOp):
 
 class Dense(_FusedOp):
     """y = act(a @ w + bias [+ residual]) for a (..., K) and constant w (K, N): float32, or
-    int8/uint8 x int8 with `quant`."""
+    int8/uint8 x int8 with `quant`.
+
+    Float32 runs as an inner product, not a matmul: for a constant weight matrix the inner product
+    has brgemm kernels on AVX2 (weights packed once for them) where this library's matmul has only
+    its generic GEMM, which is far slower at the row counts a served batch has. The weights are
+    described as (N, K) in `ba` order, which is (K, N) row-major: the caller's array as it is."""
 
     kind = "MatMul"
     w_scale_mask = 2  # N, the second dim of (K, N)
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, activation: Eltwise | None,
                  residual: bool, name: str = "matmul", quant: Quantized | None = None) -> None:
-        super().__init__(w, tuple(w.shape), _library().tag_ab, bias, activation, residual, name, quant)
+        st = _library()
+        self.inner_product = quant is None
+        k, n = w.shape
+        dims, tag = ((n, k), st.tag_ba) if self.inner_product else ((k, n), st.tag_ab)
+        super().__init__(w, dims, tag, bias, activation, residual, name, quant)
+        self.k, self.n = k, n
 
     def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
         lib, st = _lib, _library()
         (m,) = key
-        k, n = self.w_dims
-        mds = [_md((m, k), self._dt(self.src_dtype), st.tag_ab), _md((k, n), self._dt(self.w.dtype), st.tag_any),
-               _md((1, n), st.f32, st.tag_ab) if self.bias is not None else None, _md((m, n), self._dt(self.dst_dtype), st.tag_ab)]
+        k, n = self.k, self.n
+        w_md = _md(self.w_dims, self._dt(self.w.dtype), st.tag_any)
+        src_md, dst_md = _md((m, k), self._dt(self.src_dtype), st.tag_ab), _md((m, n), self._dt(self.dst_dtype), st.tag_ab)
+        if self.inner_product:
+            bias_md = _md((n,), st.f32, st.tag_a) if self.bias is not None else None
 
-        def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
-            _check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
-        return _descriptor_with(mds, create)
+            def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
+                _check(lib.dnnl_inner_product_forward_primitive_desc_create(pd, st.engine, st.inference, src, w, b, dst, attr),  # type: ignore[union-attr]
+                       "inner_product")
+        else:
+            bias_md = _md((1, n), st.f32, st.tag_ab) if self.bias is not None else None
+
+            def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
+                _check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
+        return _descriptor_with([src_md, w_md, bias_md, dst_md], create)
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
-        k, n = self.w_dims
+        k, n = self.k, self.n
         if a.dtype != self.src_dtype or a.ndim < 1 or a.shape[-1] != k:
             raise ValueError(f"MatMul {self.name}: expected a {self.src_dtype} input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
         rows = np.ascontiguousarray(a).reshape(-1, k)

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import Graph, Node
+from ..graph import Graph, Node, ValueInfo, unique_name
 from ..kernels.activations import FUSABLE
 
 
@@ -197,6 +197,36 @@ def fuse_epilogues(graph: Graph) -> bool:
     return False
 
 
+def sink_reshape_below_activation(graph: Graph) -> bool:
+    """MatMul -> Reshape -> activation becomes MatMul -> activation -> Reshape, which the epilogue
+    fusion then takes: converters wrap a dense layer on a 3-D tensor (Keras Tensordot) as
+    Reshape, 2-D MatMul, Reshape, so its activation never sits right after the product. An
+    elementwise function commutes with any reshape."""
+    idx = _Index(graph)
+    producers = graph.producers()
+    for reshape in graph.nodes:
+        if reshape.op != "Reshape":
+            continue
+        source = producers.get(reshape.inputs[0])
+        act = idx.sole_user(reshape.outputs[0])
+        if source is None or source.op not in ("MatMul", "FusedMatMul") or source.attrs.get("activation") \
+                or act is None or act.inputs[0] != reshape.outputs[0] or _activation_attrs(graph, act) is None \
+                or any(i and i not in graph.constants for i in act.inputs[1:]):
+            continue
+        before = graph.values.get(reshape.inputs[0])
+        if before is None or before.shape is None:
+            continue
+        moved = unique_name(act.outputs[0] + ":before_reshape", graph.value_names())
+        graph.values[moved] = ValueInfo(moved, before.dtype, before.shape)
+        act.inputs = [reshape.inputs[0]] + act.inputs[1:]
+        reshape.inputs = [moved] + reshape.inputs[1:]
+        reshape.outputs, act.outputs = [act.outputs[0]], [moved]
+        graph.nodes.remove(act)
+        graph.nodes.insert(graph.nodes.index(reshape), act)
+        return True
+    return False
+
+
 def fuse_silu(graph: Graph) -> bool:
     """Mul(x, Sigmoid(x)) -> Silu(x): one activation the epilogue fusion can then take, where the
     pair is two passes over a tensor with two readers, which fusion never absorbs."""
@@ -217,7 +247,8 @@ def fuse_silu(graph: Graph) -> bool:
 def fuse(graph: Graph) -> Graph:
     from .recompose import recompose_gelu, recompose_layer_norm
 
-    for rewrite in (recompose_gelu, recompose_layer_norm, fold_pad_into_conv, fold_affine_into_conv, fuse_silu, fuse_epilogues):
+    for rewrite in (recompose_gelu, recompose_layer_norm, fold_pad_into_conv, fold_affine_into_conv, fuse_silu,
+                    sink_reshape_below_activation, fuse_epilogues):
         while rewrite(graph):
             pass
     return graph

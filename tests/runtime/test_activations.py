@@ -96,6 +96,7 @@ ONEDNN_CASES: list[tuple[str, dict[str, Any], Any]] = [
     ("Clip", {"max": 1.0}, False),  # an open lower bound: oneDNN's clip needs both
     ("Sigmoid", {}, False),
     ("Silu", {}, ("eltwise_swish", 1.0, 0.0)),
+    ("Gelu", {}, ("eltwise_gelu_erf", 0.0, 0.0)),
 ]
 
 
@@ -140,7 +141,7 @@ def test_fusion_takes_exactly_the_fusable_activations(op: str, backend: str, mon
     nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node(op, ["c"], ["y"], **FUSION_ATTRS.get(op, {}))]
     feeds = {"x": rng.standard_normal((2, 3, 6, 6)).astype(np.float32)}
     consts = {"w": rng.standard_normal((4, 3, 3, 3)).astype(np.float32), "b": rng.standard_normal(4).astype(np.float32)}
-    if op in ("Log", "Sqrt"):  # keep the domain: a positive bias far above the convolution's range
+    if op in ("Log", "Sqrt", "Reciprocal"):  # keep the domain (and away from 1/x's pole): a bias far above the convolution's range
         consts["b"] = np.full(4, 100.0, np.float32)
     model = make_model(nodes, feeds, ["y"], consts)
     kernels = [k.op for k in compile_graph(from_proto(model)).kernels]
@@ -207,3 +208,23 @@ def test_wide_activations_compute_half_operands_in_float32(op: str) -> None:
     assert fresh.dtype == np.float16 and in_place is out
     np.testing.assert_array_equal(fresh, want)
     np.testing.assert_array_equal(out, want)
+
+
+@pytest.mark.parametrize("op", ["Relu", "Tanh"])
+def test_activation_behind_a_dense_layers_reshape_is_fused(op: str) -> None:
+    """Keras Tensordot: Reshape -> MatMul -> Reshape -> activation; the activation moves above the
+    Reshape into the product's epilogue, unless someone else reads the reshaped value."""
+    from kubetrt.runtime.onnx_import import from_proto
+    from kubetrt.runtime.program import compile_graph
+
+    consts = {"w": rng.standard_normal((8, 16)).astype(np.float32), "shape": np.array([2, 3, 16], np.int64)}
+    feeds = {"x": rng.standard_normal((6, 8)).astype(np.float32)}
+    nodes = [node("MatMul", ["x", "w"], ["m"]), node("Reshape", ["m", "shape"], ["r"]), node(op, ["r"], ["y"])]
+    model = make_model(nodes, feeds, ["y"], consts)
+    assert [k.op for k in compile_graph(from_proto(model)).kernels] == ["FusedMatMul", "Reshape"]
+    np.testing.assert_allclose(run_kubetrt(model, feeds)[0], run_ort(model, feeds)[0], rtol=1e-5, atol=1e-6)
+
+    read_twice = make_model(nodes + [node("Neg", ["r"], ["z"])], feeds, ["y", "z"], consts)
+    assert [k.op for k in compile_graph(from_proto(read_twice)).kernels] == ["FusedMatMul", "Reshape", op, "Neg"]
+    for got, want in zip(run_kubetrt(read_twice, feeds), run_ort(read_twice, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)

@@ -117,6 +117,19 @@ def test_matmul_of_two_activations_keeps_numpy(onednn_calls: list) -> None:
 
 
 @needs_onednn
+def test_float_dense_is_an_optimized_inner_product_with_its_post_ops() -> None:
+    # (K, N) weights described as an (N, K) inner product: a 3-D input's rows, bias, residual and
+    # activation all land in one call, and the library picks a real kernel, not its reference one
+    w, bias = f32(96, 40), f32(40)
+    dense = onednn.Dense(w, bias, ("eltwise_relu", 0.0, 0.0), residual=True, name="fc")
+    a, residual = f32(4, 8, 96), f32(4, 8, 40)
+    got = dense(a, residual)
+    np.testing.assert_allclose(got, np.maximum(a @ w + bias + residual, 0), rtol=1e-5, atol=1e-5)
+    assert dense.inner_product
+    assert not dense.implementation((32,)).startswith("ref"), dense.implementation((32,))
+
+
+@needs_onednn
 def test_matmul_with_the_wrong_inner_size_is_a_clear_error() -> None:
     dense = onednn.Dense(f32(6, 4), None, None, residual=False, name="fc")
     with pytest.raises(ValueError, match=r"MatMul fc: expected a float32 input of shape \[\.\.\., 6\]"):
