@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from . import jit
 from .activations import UNARY_OPS, Params, bind
 from .registry import OutputShapes, KernelSpec, Run, broadcast, broadcast_bool, broadcast_shape, register, same_as_input
 
@@ -82,8 +83,14 @@ def binary(spec: KernelSpec) -> Run:
     if spec.op == "Pow":
         return lambda a, b: (np.power(a, b.astype(a.dtype, copy=False)),)
     ip0, ip1 = 0 in spec.inplace, 1 in spec.inplace
+    row_vector = jit.AVAILABLE and (spec.op, False) in jit.ROW_VECTOR_OPS
 
     def run(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        if row_vector:
+            for big, vec, vector_first, may_overwrite in ((a, b, False, ip0), (b, a, True, ip1)):
+                if _is_row_vector_of(vec, big):
+                    out = big if may_overwrite and _writable(big) else np.empty_like(big)
+                    return (jit.rows_by_vector(big, vec, spec.op, vector_first, out),)
         if ip0 and _writable(a) and a.ndim >= np.ndim(b) and a.shape == np.broadcast_shapes(a.shape, np.shape(b)) and a.dtype == np.result_type(a, b):
             return (f(a, b, out=a),)
         if ip1 and _writable(b) and b.ndim >= np.ndim(a) and b.shape == np.broadcast_shapes(np.shape(a), b.shape) and b.dtype == np.result_type(a, b):
@@ -91,6 +98,17 @@ def binary(spec: KernelSpec) -> Run:
         return (f(a, b),)
 
     return run
+
+
+def _is_row_vector_of(v: np.ndarray, big: np.ndarray) -> bool:
+    """v broadcasts over big's last axis only (shape (1, ..., 1, C) or (C,)), both float32 and big
+    C-contiguous with many rows: what the row-vector kernel computes."""
+    return (isinstance(v, np.ndarray) and isinstance(big, np.ndarray) and big.dtype == v.dtype == np.float32
+            and big.ndim >= 2 and v.ndim <= big.ndim and v.size == big.shape[-1] > 1 and v.shape[-1] == v.size
+            and big.flags.c_contiguous and big.size >= ROW_VECTOR_MIN_ELEMENTS)
+
+
+ROW_VECTOR_MIN_ELEMENTS = 4096  # below this NumPy's call is as cheap
 
 
 @register(list(COMPARE), broadcast_bool)

@@ -511,3 +511,85 @@ def _gelu_vector_exp(flat: np.ndarray, dst: np.ndarray, start: int, stop: int) -
     _gelu_exp_argument(flat, dst, start, stop)
     np.exp(dst[start:stop], out=dst[start:stop])
     _gelu_finish(flat, dst, start, stop)
+
+
+ROW_VECTOR_MIN_WIDTH = 256  # narrower rows are widened (the vector tiled) so the inner loop vectorizes
+ROW_VECTOR_PASSES = 16  # one cheap pass: a thread hop pays only on tensors MIN_WORK_PER_THREAD x this large
+
+# Operation codes of the row kernels; the vector-first forms are the two that do not commute.
+ROW_VECTOR_OPS = {("Add", False): 0, ("Add", True): 0, ("Mul", False): 1, ("Mul", True): 1,
+                  ("Sub", False): 2, ("Sub", True): 3, ("Div", False): 4, ("Div", True): 5}
+
+if numba is not None:
+
+    # One loop per operation (a branch inside the row loop would stop it vectorizing), and an
+    # in-place twin: where the output may alias the input, LLVM's runtime overlap check sends the
+    # whole call down the scalar path.
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _rows_by_vector(a, v, out, op, start, stop):
+        c = v.shape[0]
+        for i in range(start, stop):
+            x, y = a[i], out[i]
+            if op == 0:
+                for j in range(c):
+                    y[j] = x[j] + v[j]
+            elif op == 1:
+                for j in range(c):
+                    y[j] = x[j] * v[j]
+            elif op == 2:
+                for j in range(c):
+                    y[j] = x[j] - v[j]
+            elif op == 3:
+                for j in range(c):
+                    y[j] = v[j] - x[j]
+            elif op == 4:
+                for j in range(c):
+                    y[j] = x[j] / v[j]
+            else:
+                for j in range(c):
+                    y[j] = v[j] / x[j]
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _rows_by_vector_in_place(a, v, op, start, stop):
+        c = v.shape[0]
+        for i in range(start, stop):
+            x = a[i]
+            if op == 0:
+                for j in range(c):
+                    x[j] += v[j]
+            elif op == 1:
+                for j in range(c):
+                    x[j] *= v[j]
+            elif op == 2:
+                for j in range(c):
+                    x[j] -= v[j]
+            elif op == 3:
+                for j in range(c):
+                    x[j] = v[j] - x[j]
+            elif op == 4:
+                for j in range(c):
+                    x[j] /= v[j]
+            else:
+                for j in range(c):
+                    x[j] = v[j] / x[j]
+
+
+def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, out: np.ndarray) -> np.ndarray:
+    """out = a op v (v op a where vector_first) for a C-contiguous float array and a vector over its
+    last axis: a per-channel scale or shift of NHWC activations. NumPy's broadcasting loop runs
+    one short inner loop per row there, several times slower than this single pass. `out` may be a."""
+    c = v.size
+    rows = a.size // c
+    k = 1
+    while c * k < ROW_VECTOR_MIN_WIDTH and rows % (2 * k) == 0:
+        k *= 2
+    vec = np.ascontiguousarray(v, dtype=a.dtype).reshape(-1)
+    if k > 1:
+        vec = np.tile(vec, k)
+    f = ROW_VECTOR_OPS[(op, vector_first)]
+    a2 = a.reshape(rows // k, c * k)
+    if out is a:
+        run_split(_rows_by_vector_in_place, (a2, vec, f), rows // k, a.size // ROW_VECTOR_PASSES)
+    else:
+        run_split(_rows_by_vector, (a2, vec, out.reshape(rows // k, c * k), f), rows // k, a.size // ROW_VECTOR_PASSES)
+    return out

@@ -146,3 +146,32 @@ def test_eager_rejects_operands_that_do_not_fit() -> None:
 def test_eager_unknown_op_lists_supported() -> None:
     with pytest.raises(AttributeError, match="supported: .*Conv"):
         ops.NoSuchOp  # noqa: B018
+
+
+@pytest.mark.skipif(not __import__("kubetrt.runtime.kernels.jit", fromlist=["AVAILABLE"]).AVAILABLE, reason="numba is not installed")
+@pytest.mark.parametrize("op", ["Add", "Sub", "Mul", "Div"])
+@pytest.mark.parametrize("channels", [3, 32, 100])
+@pytest.mark.parametrize("vector_first", [False, True])
+def test_per_channel_binary_takes_the_row_vector_kernel(op: str, channels: int, vector_first: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """NHWC activations scaled or shifted per channel (SE blocks, input normalization): the jitted
+    row kernel, in place on a dying operand or into a fresh array, both operand orders, rows
+    widened for a narrow channel count (3) or not (100 does not divide into wider rows)."""
+    from kubetrt.runtime.kernels import jit
+
+    calls: list[tuple[int, ...]] = []
+    real = jit.rows_by_vector
+    monkeypatch.setattr(jit, "rows_by_vector", lambda a, v, *rest: calls.append(a.shape) or real(a, v, *rest))
+    x = f32(2, 30, 25, channels)  # 4500 elements and more: above the NumPy cut-off
+    v = np.abs(f32(1, 1, 1, channels)) + 0.5 if op == "Div" else f32(1, 1, 1, channels)
+    operands = ["v", "r"] if vector_first else ["r", "v"]
+    if op == "Div" and vector_first:
+        x = np.abs(x) + 0.5
+    for nodes, outputs in (([node("Relu", ["x"], ["r"]), node(op, operands, ["y"])], ["y"]),  # r dies here: in place
+                           ([node("Relu", ["x"], ["r"]), node(op, operands, ["y"])], ["y", "r"])):  # r is read after: a fresh array
+        calls.clear()
+        feeds = {"x": x}
+        model = make_model(nodes, feeds, outputs, {"v": v})
+        got, ref = run_kubetrt(model, feeds), run_ort(model, feeds)
+        for g, r in zip(got, ref):
+            np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6)
+        assert calls == [x.shape]
