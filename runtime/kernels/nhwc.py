@@ -65,11 +65,16 @@ def conv_nhwc(spec: KernelSpec) -> Run:
 
     geometry = geometry_by_input_size(spec, (kh, kw))
 
-    if dnnl is not None:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
+    xs = spec.shapes[0]
+    # A pointwise convolution of 1x1 maps (squeeze-and-excitation blocks) is a GEMV: NumPy's call
+    # costs a fraction of a oneDNN one until the batch makes it a real GEMM.
+    on_one_pixel = group == 1 and kh == kw == 1 and xs is not None and len(xs) == 4 and tuple(xs[1:3]) == (1, 1)
+    if dnnl is not None:
         def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
             _, _, b, e, oh, ow = geometry(*x.shape[1:3])
             return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
-        return run_onednn
+        if not on_one_pixel:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
+            return run_onednn
 
     w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
     w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
@@ -144,6 +149,12 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             epilogue(y)
         return (y,)
 
+    if dnnl is not None:
+        def run_gemv_or_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+            if x.size * o < onednn.MIN_DENSE_MACS:
+                return run(x, _w, bias, residual)
+            return run_onednn(x, _w, bias, residual)
+        return run_gemv_or_onednn
     return run
 
 

@@ -8,9 +8,10 @@ from .fusion import fuse
 from .layout import to_nhwc
 from . import quantization
 from .shape_inference import infer_shapes
+from .views import collapse_views
 
 PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "to_nhwc",
-            "eliminate_dead_nodes", "infer_shapes")
+            "collapse_views", "eliminate_dead_nodes", "infer_shapes")
 
 
 def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
@@ -29,9 +30,12 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     if fusion and layout:
         infer_shapes(graph)
         toposort(to_nhwc(graph))
+    if fusion:
+        infer_shapes(graph)
+        collapse_views(graph)
     eliminate_dead_nodes(graph)
     infer_shapes(graph)
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "to_nhwc", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "to_nhwc", "collapse_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

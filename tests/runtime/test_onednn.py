@@ -108,6 +108,19 @@ def test_only_matmuls_worth_a_onednn_call_take_it(onednn_calls: list) -> None:
 
 
 @needs_onednn
+@pytest.mark.parametrize("batch,onednn_runs_it", [(1, False), (20, True)])
+def test_pointwise_convolution_of_1x1_maps_is_a_numpy_gemv_until_the_batch_is_large(batch: int, onednn_runs_it: bool, onednn_calls: list) -> None:
+    # a squeeze-and-excitation squeeze: conv -> global pool -> 1x1 conv (+ReLU) on 1x1 maps
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("GlobalAveragePool", ["c"], ["g"]),
+             node("Conv", ["g", "w1", "b1"], ["s"]), node("Relu", ["s"], ["y"])]
+    feeds = {"x": f32(batch, 8, 5, 5)}
+    assert_same_as_ort(make_model(nodes, feeds, ["y"], {"w": f32(64, 8, 3, 3), "w1": f32(64, 64, 1, 1), "b1": f32(64)}), feeds)
+    on_one_pixel = [shape for kind, shape in onednn_calls if kind == "Conv" and shape[1:3] == (1, 1)]
+    assert bool(on_one_pixel) == onednn_runs_it, onednn_calls
+    assert any(shape[1:3] == (5, 5) for _, shape in onednn_calls)  # the 3x3 convolution stays in oneDNN
+
+
+@needs_onednn
 def test_matmul_of_two_activations_keeps_numpy(onednn_calls: list) -> None:
     # attention-style a @ b with no constant operand: nothing to pre-pack, so NumPy runs it
     nodes = [node("MatMul", ["x", "z"], ["m"]), node("Relu", ["m"], ["y"])]
