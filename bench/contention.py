@@ -1,6 +1,6 @@
 """How much each runtime slows down when it does not have the CPU to itself.
 
-    python bench/contention.py [--models small_cnn mobilenet_v2] [--engines kubetrt onnxruntime]
+    python bench/contention.py [--models small_cnn mobilenet_v2] [--engines kubetrt kubetrt-static onnxruntime]
                                [--batches 1] [--seconds 1] [--rounds 3]
 
 Each cell runs in bench/runtime.py's measuring worker under three conditions: alone; beside a
@@ -9,7 +9,7 @@ runtime at work in the same process (OpenVINO's thread pool inferring the same m
 second model or a sidecar runtime in one pod). Engines and conditions take turns round by round,
 and each reports the median of its rounds' medians. The last lines give each engine's slowdown
 (time under the condition / time alone) per cell: the goal is kubetrt's no worse than
-onnxruntime's.
+onnxruntime's. `kubetrt-static` is kubetrt with KUBETRT_ONEDNN_TEAMS=static.
 """
 from __future__ import annotations
 
@@ -27,6 +27,8 @@ sys.path.insert(0, str(HERE))
 import runtime as bench  # noqa: E402  (bench/runtime.py: its worker, spawn and zoo access)
 
 CONDITIONS = ("alone", "busy-core", "same-process")
+# kubetrt with its oneDNN calls always on the OpenMP team (no onednn.TeamChoice)
+VARIANTS = {"kubetrt-static": ("kubetrt", {"KUBETRT_ONEDNN_TEAMS": "static"})}
 
 
 @contextmanager
@@ -52,9 +54,10 @@ def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path]
         for cond in CONDITIONS:
             for engine in engines:
                 bench._progress(f"{model} batch {batch} {engine} {cond} (round {r + 1}/{rounds})")
-                args = ["--worker", engine, model, str(batch), *map(str, paths), "--seconds", str(seconds / rounds)]
+                worker, variant_env = VARIANTS.get(engine, (engine, {}))
+                args = ["--worker", worker, model, str(batch), *map(str, paths), "--seconds", str(seconds / rounds)]
                 with condition(cond) as env:
-                    result = bench.spawn(args, env=env)
+                    result = bench.spawn(args, env={**env, **variant_env})
                 runs.setdefault((engine, cond), []).append(result["median_s"])
     return {cell: statistics.median(times) for cell, times in runs.items()}
 
@@ -62,7 +65,8 @@ def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path]
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["small_cnn", "mobilenet_v2"], choices=bench.MODELS)
-    p.add_argument("--engines", nargs="+", default=["kubetrt", "onnxruntime"], choices=bench.ENGINES)
+    p.add_argument("--engines", nargs="+", default=["kubetrt", "kubetrt-static", "onnxruntime"],
+                   choices=[*bench.ENGINES, *VARIANTS])
     p.add_argument("--batches", nargs="+", type=int, default=[1])
     p.add_argument("--seconds", type=float, default=1.0, help="measuring time per cell and condition, split over the rounds")
     p.add_argument("--rounds", type=int, default=3)

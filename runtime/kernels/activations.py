@@ -123,6 +123,7 @@ def _erfc(xp: Any, p: Params) -> Unary:
 
 
 _SQRT_HALF = np.float32(0.7071067811865476)
+_SQRT_TWO_OVER_PI = np.float32(0.7978845608028654)
 
 
 def _silu(xp: Any, p: Params) -> Unary:
@@ -142,6 +143,14 @@ def _gelu(xp: Any, p: Params) -> Unary:
         e *= 0.5
         return xp.multiply(x, e, out=out)
 
+    def tanh_form(x: Any, out: Any) -> Any:  # ONNX Gelu(approximate="tanh")
+        t = xp.tanh((x + 0.044715 * x * x * x) * _SQRT_TWO_OVER_PI)
+        t += 1.0
+        t *= 0.5
+        return xp.multiply(x, t, out=out)
+
+    if p["approximate"] == "tanh":
+        return tanh_form
     if xp is np and jit.AVAILABLE:
         return lambda x, out: jit.gelu(x, out) if x.dtype == np.float32 else f(x, out)
     return f
@@ -210,7 +219,10 @@ ACTIVATIONS: dict[str, Activation] = _table(
     Activation("Silu", _silu, wide=True, fusable=True, onednn=lambda p: ("eltwise_swish", 1.0, 0.0),
                cuda_c=lambda p: "v / (1.f + expf(-v))"),
     Activation("HardSwish", _hard_swish, fusable=True, cuda_c=lambda p: "v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f"),
-    Activation("Gelu", _gelu, wide=True, fusable=True, onednn=lambda p: ("eltwise_gelu_erf", 0.0, 0.0), cuda_c=lambda p: "0.5f * v * (1.f + erff(v * 0.70710678f))"),
+    Activation("Gelu", _gelu, {"approximate": "none"}, wide=True, fusable=True,
+               onednn=lambda p: ("eltwise_gelu_tanh" if p["approximate"] == "tanh" else "eltwise_gelu_erf", 0.0, 0.0),
+               cuda_c=lambda p: "0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)))" if p["approximate"] == "tanh"
+               else "0.5f * v * (1.f + erff(v * 0.70710678f))"),
     Activation("Erf", _erf, wide=True),
     Activation("Erfc", _erfc, wide=True),
     Activation("Elu", _elu, {"alpha": 1.0}, wide=True, fusable=True,

@@ -118,6 +118,18 @@ def _openmp() -> tuple[Any, int]:
 _set_omp_threads, _OMP_THREADS = _openmp()
 
 
+TEAMS_ENV = "KUBETRT_ONEDNN_TEAMS"
+
+
+def adaptive_teams(env: Any) -> bool:
+    """Whether oneDNN calls may run on a team of one when that is faster (TeamChoice): `adaptive`
+    (the default), or `static` to always run the OpenMP team."""
+    value = env.get(TEAMS_ENV, "adaptive").strip().lower() or "adaptive"
+    if value not in ("static", "adaptive"):
+        raise ValueError(f"{TEAMS_ENV}={value!r}: expected 'adaptive' or 'static'")
+    return value == "adaptive"
+
+
 class TeamChoice:
     """Per primitive and input shape: run the OpenMP team or a team of one, whichever has been faster lately.
 
@@ -130,9 +142,14 @@ class TeamChoice:
     variant is made on first use.
     """
 
-    ALPHA, EXPLORE, WARM = 0.25, 64, 4
-    MARGIN = 0.8  # one thread must be clearly faster: a noisy spell alone should not give up the team
-    ENABLED = _set_omp_threads is not None and _OMP_THREADS > 1
+    ALPHA, EXPLORE, WARM = 0.25, 256, 4
+    # One thread must beat the team by far: uncontended a team of two takes 0.5-0.6x one thread's
+    # time, a stalled one 2-4x. A choice made on noise costs more than its own call: a call run
+    # alone lets the team's other thread fall asleep, and the next team call waits for it to wake.
+    MARGIN = 0.6
+    MIN_TEAM_SECONDS = 100e-6  # shorter calls keep the team: their timings are mostly noise
+    CAPABLE = _set_omp_threads is not None and _OMP_THREADS > 1
+    ENABLED = CAPABLE and adaptive_teams(os.environ)
 
     __slots__ = ("mean", "calls")
 
@@ -144,7 +161,7 @@ class TeamChoice:
         """Whether this call runs single-threaded."""
         self.calls += 1
         team, alone = self.mean
-        if not self.ENABLED or team is None or self.calls < self.WARM:
+        if not self.ENABLED or team is None or self.calls < self.WARM or team < self.MIN_TEAM_SECONDS:
             return False
         if alone is None:
             return True

@@ -97,6 +97,7 @@ ONEDNN_CASES: list[tuple[str, dict[str, Any], Any]] = [
     ("Sigmoid", {}, False),
     ("Silu", {}, ("eltwise_swish", 1.0, 0.0)),
     ("Gelu", {}, ("eltwise_gelu_erf", 0.0, 0.0)),
+    ("Gelu", {"approximate": "tanh"}, ("eltwise_gelu_tanh", 0.0, 0.0)),
 ]
 
 
@@ -228,3 +229,19 @@ def test_activation_behind_a_dense_layers_reshape_is_fused(op: str) -> None:
     assert [k.op for k in compile_graph(from_proto(read_twice)).kernels] == ["FusedMatMul", "Reshape", op, "Neg"]
     for got, want in zip(run_kubetrt(read_twice, feeds), run_ort(read_twice, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_follows_its_approximate_attribute(approximate: str) -> None:
+    """ONNX Gelu's two forms, against float64 references of each formula."""
+    import math
+
+    x = np.linspace(-6, 6, 1201).astype(np.float32)
+    x64 = x.astype(np.float64)
+    if approximate == "tanh":
+        want = 0.5 * x64 * (1 + np.tanh(math.sqrt(2 / math.pi) * (x64 + 0.044715 * x64 ** 3)))
+    else:
+        want = 0.5 * x64 * (1 + np.vectorize(math.erf)(x64 / math.sqrt(2)))
+    got = bind(np, "Gelu", {"approximate": approximate}, may_be_half=False)(x, None)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=2e-6)
+    assert np.abs(got - want).max() < 1e-5

@@ -19,8 +19,9 @@ def drive(choice: TeamChoice, team_s: float, alone_s: float, calls: int) -> list
     return picks
 
 
-@pytest.mark.skipif(not TeamChoice.ENABLED, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
-def test_choice_follows_the_faster_team_and_keeps_exploring() -> None:
+@pytest.mark.skipif(not TeamChoice.CAPABLE, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
+def test_choice_follows_the_faster_team_and_keeps_exploring(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
     choice = TeamChoice()
     quiet = drive(choice, team_s=1e-3, alone_s=1.7e-3, calls=320)
     assert sum(quiet[TeamChoice.WARM:]) <= 320 // TeamChoice.EXPLORE + 1, "uncontended: the team runs, one thread only explores"
@@ -45,3 +46,19 @@ def test_single_threaded_primitives_give_the_same_numbers(monkeypatch: pytest.Mo
         assert list(conv._shapes) == [(2, 9, 9, 9, 9, 1, 1, 1, 1, serial)], "the primitive made for the chosen team ran"
     for a, c in zip(results[False], results[True]):
         np.testing.assert_allclose(a, c, rtol=1e-5, atol=1e-5)
+
+
+def test_adaptive_teams_by_default_static_on_request_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert onednn.adaptive_teams({})
+    assert onednn.adaptive_teams({onednn.TEAMS_ENV: " Adaptive "})
+    assert not onednn.adaptive_teams({onednn.TEAMS_ENV: "static"})
+    with pytest.raises(ValueError, match="KUBETRT_ONEDNN_TEAMS='dynamic': expected 'adaptive' or 'static'"):
+        onednn.adaptive_teams({onednn.TEAMS_ENV: "dynamic"})
+    monkeypatch.setattr(TeamChoice, "ENABLED", False)  # static: no call is ever sent to one thread
+    assert not any(drive(TeamChoice(), team_s=6e-3, alone_s=1e-3, calls=200))
+
+
+def test_short_calls_keep_the_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
+    short = TeamChoice.MIN_TEAM_SECONDS / 2
+    assert not any(drive(TeamChoice(), team_s=short, alone_s=short / 10, calls=300))
