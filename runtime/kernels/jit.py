@@ -594,32 +594,3 @@ def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, ou
         run_split(_rows_by_vector, (a2, vec, out.reshape(rows // k, c * k), f), rows // k, a.size // ROW_VECTOR_PASSES)
     return out
 
-
-SMALL_MATMUL_SIDE = 64  # batched products of matrices up to this size: one jitted pass beats NumPy's per-matrix calls
-
-if numba is not None:
-
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
-    def _small_matmuls(a, b, out, start, stop):
-        m, k = a.shape[1], a.shape[2]
-        n = b.shape[2]
-        for i in range(start, stop):
-            for r in range(m):
-                o = out[i, r]
-                for c in range(n):
-                    o[c] = 0.0
-                for t in range(k):
-                    av = a[i, r, t]
-                    brow = b[i, t]
-                    for c in range(n):
-                        o[c] += av * brow[c]
-
-
-def small_matmuls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """a @ b for stacks (B, M, K) @ (B, K, N) of small float32 matrices (attention heads): one pass
-    over the batch, where NumPy makes a BLAS call per matrix."""
-    a3 = np.ascontiguousarray(a).reshape(-1, a.shape[-2], a.shape[-1])
-    b3 = np.ascontiguousarray(b).reshape(-1, b.shape[-2], b.shape[-1])
-    out = np.empty((a3.shape[0], a3.shape[1], b3.shape[2]), dtype=a.dtype)
-    run_split(_small_matmuls, (a3, b3, out), a3.shape[0], out.size * a3.shape[2] // SMALL_MATMUL_SIDE)
-    return out.reshape(a.shape[:-1] + (b.shape[-1],))

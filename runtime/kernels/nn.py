@@ -314,12 +314,6 @@ def _matmul_shape(spec: KernelSpec) -> OutputShapes:
     return [(tuple(batch) + (a[-2], b[-1]), spec.dtypes[0])]
 
 
-def _small_matrix_stacks(a: np.ndarray, b: np.ndarray) -> bool:
-    """Equal stacks of float32 matrices no side of which exceeds jit.SMALL_MATMUL_SIDE."""
-    return (jit.AVAILABLE and a.ndim == b.ndim >= 3 and a.shape[:-2] == b.shape[:-2] and a.dtype == b.dtype == np.float32
-            and max(a.shape[-2], a.shape[-1], b.shape[-1]) <= jit.SMALL_MATMUL_SIDE and b.shape[-2] == a.shape[-1])
-
-
 @register(["MatMul", "FusedMatMul"], _matmul_shape)
 def matmul(spec: KernelSpec) -> Run:
     """FusedMatMul(a, b, bias, [residual]) = act(a @ b + bias + residual)."""
@@ -333,8 +327,6 @@ def matmul(spec: KernelSpec) -> Run:
         bb = b_fast if b_fast is not None else b
         if a.ndim > 2 and bb.ndim == 2:  # one big GEMM instead of a loop of small ones
             y = parallel.matmul(a.reshape(-1, a.shape[-1]), bb).reshape(a.shape[:-1] + (bb.shape[-1],))
-        elif _small_matrix_stacks(a, bb):
-            y = jit.small_matmuls(a, bb)
         else:
             y = parallel.matmul(a, bb)
         if bias is not None:

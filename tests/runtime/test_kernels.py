@@ -176,23 +176,3 @@ def test_per_channel_binary_takes_the_row_vector_kernel(op: str, channels: int, 
             np.testing.assert_allclose(g, r, rtol=1e-6, atol=1e-6)
         assert calls == [x.shape]
 
-
-@pytest.mark.skipif(not __import__("kubetrt.runtime.kernels.jit", fromlist=["AVAILABLE"]).AVAILABLE, reason="numba is not installed")
-def test_stacks_of_small_matrices_take_the_jitted_product(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Attention's per-head products: equal stacks of small matrices in one jitted pass (a
-    transposed operand too); a broadcast stack or a large matrix keeps NumPy's matmul."""
-    from kubetrt.runtime.kernels import jit
-
-    calls: list[tuple[int, ...]] = []
-    real = jit.small_matmuls
-    monkeypatch.setattr(jit, "small_matmuls", lambda a, b: calls.append(a.shape) or real(a, b))
-    cases = [({"a": f32(8, 4, 16, 12), "b": f32(8, 4, 12, 16)}, [node("MatMul", ["a", "b"], ["y"])], True),
-             ({"a": f32(8, 4, 16, 12), "b": f32(8, 4, 16, 12)},
-              [node("Transpose", ["b"], ["bt"], perm=[0, 1, 3, 2]), node("MatMul", ["a", "bt"], ["y"])], True),
-             ({"a": f32(2, 3, 4, 5), "b": f32(3, 5, 6)}, [node("MatMul", ["a", "b"], ["y"])], False),
-             ({"a": f32(2, 70, 8), "b": f32(2, 8, 3)}, [node("MatMul", ["a", "b"], ["y"])], False)]
-    for feeds, nodes, jitted in cases:
-        calls.clear()
-        model = make_model(nodes, feeds, ["y"])
-        np.testing.assert_allclose(run_kubetrt(model, feeds)[0], run_ort(model, feeds)[0], rtol=1e-5, atol=1e-5)
-        assert bool(calls) == jitted, (feeds["a"].shape, calls)
