@@ -15,6 +15,9 @@ from .nn import conv_geometry, geometry_by_input_size, make_epilogue, out_size
 from .registry import OutputShapes, KernelSpec, Run, register
 
 
+TO_BLOCKED, FROM_BLOCKED = onednn.Reorder(to_blocked=True), onednn.Reorder(to_blocked=False)  # used only where oneDNN is
+
+
 def pad_hw(x: np.ndarray, begin: list[int], end: list[int], value: float = 0.0) -> np.ndarray:
     if not any(begin) and not any(end):
         return x
@@ -49,6 +52,33 @@ def _nhwc_conv_shape(spec: KernelSpec) -> OutputShapes:
     return [((xs[0], out_size(xs[1], k[0], strides[0], dil[0], b[0], e[0]), out_size(xs[2], k[1], strides[1], dil[1], b[1], e[1]), ws[0]), spec.dtypes[0])]
 
 
+def _on_one_pixel(spec: KernelSpec, w: np.ndarray) -> bool:
+    """A pointwise convolution of 1x1 maps (squeeze-and-excitation blocks) is a GEMV: NumPy's call
+    costs a fraction of a oneDNN one until the batch makes it a real GEMM."""
+    xs = spec.shapes[0]
+    return spec.attr("group", 1) == 1 and w.shape[2:] == (1, 1) and xs is not None and len(xs) == 4 and tuple(xs[1:3]) == (1, 1)
+
+
+BLOCKED_OPS = frozenset({"FusedConvNHWC", "MaxPoolNHWC", "AveragePoolNHWC"})  # blocked in, blocked out
+BLOCKED_SINKS = frozenset({"GlobalAveragePoolNHWC", "GlobalMaxPoolNHWC"})  # blocked in, NHWC out
+
+
+def takes_blocked(spec: KernelSpec) -> bool:
+    """Whether this node's kernel reads (and, but for the global pools, writes) the blocked layout:
+    float32 oneDNN convolutions (plain or depthwise) and pools whose channels fill whole blocks."""
+    xs = spec.shapes[0]
+    if not onednn.AVAILABLE or spec.dtypes[0] != np.float32 or xs is None or len(xs) != 4 or xs[3] < 0 or xs[3] % onednn.BLOCK:
+        return False
+    if spec.op != "FusedConvNHWC":
+        return spec.op in BLOCKED_OPS or spec.op in BLOCKED_SINKS
+    w = spec.const(1)
+    if w is None or not onednn.conv_applies(spec, w) or _on_one_pixel(spec, w) or (spec.has(3) and spec.dtypes[3] != np.float32):
+        return False
+    o, cg = w.shape[:2]
+    group = spec.attr("group", 1)
+    return o % onednn.BLOCK == 0 and (group == 1 or (group == o == xs[3] and cg == 1))
+
+
 @register("FusedConvNHWC", _nhwc_conv_shape)
 def conv_nhwc(spec: KernelSpec) -> Run:
     w = spec.const(1)
@@ -65,13 +95,13 @@ def conv_nhwc(spec: KernelSpec) -> Run:
 
     geometry = geometry_by_input_size(spec, (kh, kw))
 
-    xs = spec.shapes[0]
-    # A pointwise convolution of 1x1 maps (squeeze-and-excitation blocks) is a GEMV: NumPy's call
-    # costs a fraction of a oneDNN one until the batch makes it a real GEMM.
-    on_one_pixel = group == 1 and kh == kw == 1 and xs is not None and len(xs) == 4 and tuple(xs[1:3]) == (1, 1)
+    on_one_pixel = _on_one_pixel(spec, w)
     if dnnl is not None:
         def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-            _, _, b, e, oh, ow = geometry(*x.shape[1:3])
+            blocked = x.ndim == 5
+            _, _, b, e, oh, ow = geometry(*(x.shape[2:4] if blocked else x.shape[1:3]))
+            if residual is not None and residual.ndim != x.ndim:  # a shortcut from outside the blocked region
+                residual = (TO_BLOCKED if blocked else FROM_BLOCKED)(residual)
             return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
         if not on_one_pixel:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
             return run_onednn
@@ -191,10 +221,13 @@ def pool_nhwc(spec: KernelSpec) -> Run:
     geometry = functools.lru_cache(maxsize=16)(lambda h, wd: pool_geometry(spec, k, h, wd, ceil))
 
     def run_onednn(x: np.ndarray) -> tuple[np.ndarray, ...]:
-        _, h, wd, _ = x.shape
+        blocked = x.ndim == 5
+        _, h, wd, _ = onednn.unblocked_shape(x.shape) if blocked else x.shape
         _, _, b, e, tail, oh, ow = geometry(h, wd)
         if x.dtype != np.float32 or fused is None or (include_pad and not is_max and tail != e):
-            return run(x)  # the ceil-mode overhang never counts, oneDNN's padding would
+            if blocked:  # the ceil-mode overhang never counts, oneDNN's padding would
+                return (TO_BLOCKED(run(FROM_BLOCKED(x))[0]),)
+            return run(x)
         return (fused(x, oh, ow, b, tail),)
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -236,6 +269,9 @@ def global_pool_nhwc(spec: KernelSpec) -> Run:
         if onednn.AVAILABLE else None
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if x.ndim == 5:  # blocked: a (N, C, 1, 1) result in blocks is laid out as NHWC, so this leaves the region for free
+            n, _, _, c = onednn.unblocked_shape(x.shape)
+            return (fused(x, 1, 1, [0, 0], [0, 0]).reshape(n, 1, 1, c),)  # type: ignore[misc]
         n, h, w, c = x.shape
         if fused is not None and x.dtype == np.float32:
             return (fused(x, 1, 1, [0, 0], [0, 0]),)
@@ -245,5 +281,32 @@ def global_pool_nhwc(spec: KernelSpec) -> Run:
         else:
             y = np.maximum.reduce(rows, axis=1)
         return (y.reshape(n, 1, 1, c),)
+
+    return run
+
+
+def _same_shape(spec: KernelSpec) -> OutputShapes:
+    return [(spec.shapes[0], spec.dtypes[0])]
+
+
+@register("ToBlocked", _same_shape)
+def to_blocked(spec: KernelSpec) -> Run:
+    """Where a region of oneDNN kernels (passes/blocked.py) begins: from BLOCKED_MIN_BATCH images
+    up the NHWC tensor is reordered into blocks, below it passes through and the region runs NHWC."""
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        if not onednn.AVAILABLE or x.ndim != 4 or x.shape[0] < onednn.BLOCKED_MIN_BATCH:
+            return (x,)
+        return (TO_BLOCKED(x),)
+
+    return run
+
+
+@register("FromBlocked", _same_shape)
+def from_blocked(spec: KernelSpec) -> Run:
+    """Where a blocked region ends: NHWC again for kernels that read it."""
+
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (x,) if x.ndim == 4 else (FROM_BLOCKED(x),)
 
     return run

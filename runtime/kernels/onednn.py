@@ -35,6 +35,35 @@ _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
 _ARG_ATTR_SCALES = 4096  # | the argument it scales
 MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call costs more than NumPy's
+# The blocked activation layout (nChw8c): channels in blocks of BLOCK innermost, as (N, C/BLOCK, H,
+# W, BLOCK) arrays. AVX2's direct and depthwise kernels are written for it; at a served batch they
+# beat the NHWC ones, at batch 1 not, so tensors take it only from BLOCKED_MIN_BATCH images up.
+BLOCK = 8
+BLOCKED_ENV = "KUBETRT_BLOCKED_MIN_BATCH"
+
+
+def blocked_min_batch(env: Any) -> int:
+    """The smallest batch whose activations take the blocked layout: BLOCKED_ENV, 8 by default;
+    0 keeps every batch NHWC."""
+    text = env.get(BLOCKED_ENV, "").strip()
+    if not text:
+        return 8
+    if not text.isdigit():
+        raise ValueError(f"{BLOCKED_ENV}={text!r}: expected a batch size (0 keeps every batch NHWC)")
+    return int(text) or 1 << 62
+
+
+BLOCKED_MIN_BATCH = blocked_min_batch(os.environ)
+
+
+def blocked_shape(nhwc: tuple[int, ...]) -> tuple[int, ...]:
+    n, h, w, c = nhwc
+    return (n, c // BLOCK, h, w, BLOCK)
+
+
+def unblocked_shape(blocked: tuple[int, ...]) -> tuple[int, int, int, int]:
+    n, cb, h, w, b = blocked
+    return (n, h, w, cb * b)
 _QUERY_IMPL_INFO_STR, _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 8, 136, 255
 
 
@@ -236,6 +265,7 @@ class _Library:
         self.dtypes = {np.dtype(t): _enum("dt", n) for t, n in ((np.float32, "f32"), (np.int8, "s8"), (np.uint8, "u8"))}
         self.tag_any, self.tag_a, self.tag_ab, self.tag_ba = (_enum("fmt_tag", t) for t in ("any", "a", "ab", "ba"))
         self.tag_abcd, self.tag_acdb, self.tag_abcde = _enum("fmt_tag", "abcd"), _enum("fmt_tag", "acdb"), _enum("fmt_tag", "abcde")
+        self.tag_blocked = _enum("fmt_tag", f"aBcd{BLOCK}b")  # NCHW with channels in blocks of BLOCK innermost
         self.inference = _enum("prop_kind", "forward_inference")
         self.conv_direct = _enum("alg_kind", "convolution_direct")
         self.scratchpad_user = _enum("scratchpad_mode", "user")
@@ -578,9 +608,9 @@ class Conv2D(_FusedOp):
 
     def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
         lib, st = _lib, _library()
-        n, h, wd, oh, ow, pt, pl, pb, pr = key
+        n, h, wd, oh, ow, pt, pl, pb, pr, blocked = key
         o, cg = self.w.shape[:2]
-        tag = st.tag_acdb if self.nhwc else st.tag_abcd
+        tag = st.tag_blocked if blocked else st.tag_acdb if self.nhwc else st.tag_abcd
         mds = [_md((n, cg * self.group, h, wd), self._dt(self.src_dtype), tag), _md(self.w_dims, self._dt(self.w.dtype), st.tag_any),
                _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), self._dt(self.dst_dtype), tag)]
 
@@ -592,16 +622,20 @@ class Conv2D(_FusedOp):
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
                  residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
-        """y = act(conv(x) + bias [+ residual]) in this convolution's layout. With overwrite_residual
-        the sum lands in the residual's own buffer (the executor says when it is dying)."""
-        if x.dtype != self.src_dtype or x.ndim != 4:
+        """y = act(conv(x) + bias [+ residual]) in this convolution's layout, or in the blocked one
+        (see `blocked_shape`) when x is blocked. With overwrite_residual the sum lands in the
+        residual's own buffer (the executor says when it is dying)."""
+        blocked = self.nhwc and x.ndim == 5 and x.shape[-1] == BLOCK
+        if x.dtype != self.src_dtype or (x.ndim != 4 and not blocked):
             raise ValueError(f"Conv {self.name}: expected a 4-D {self.src_dtype} input, got {x.dtype} of shape {x.shape}")
-        n, h, wd, c = x.shape if self.nhwc else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
+        n, h, wd, c = unblocked_shape(x.shape) if blocked else x.shape if self.nhwc else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
         o, cg = self.w.shape[:2]
         if c != cg * self.group:
             raise ValueError(f"Conv {self.name}: input has {c} channels, weights expect {cg * self.group}")
-        shape = (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
-        key = (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1])
+        if blocked and o % BLOCK:
+            raise ValueError(f"Conv {self.name}: a blocked input needs output channels in blocks of {BLOCK}, got {o}")
+        shape = blocked_shape((n, oh, ow, o)) if blocked else (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
+        key = (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], blocked)
         return self._run(key, np.ascontiguousarray(x), shape, residual, overwrite_residual)
 
 
@@ -672,7 +706,8 @@ class Pool2D:
         with self._lock:
             if cached not in self._shapes:
                 lib, st = _lib, _library()
-                n, h, wd, c, oh, ow, pt, pl, pb, pr = key
+                n, h, wd, c, oh, ow, pt, pl, pb, pr, blocked = key
+                tag = st.tag_blocked if blocked else st.tag_acdb
                 kernel = self.kernel if self.kernel else [h, wd]
                 attr = ctypes.c_void_p()
                 _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
@@ -684,7 +719,7 @@ class Pool2D:
                             pd, st.engine, st.inference, self.alg, src, dst, _Dims(*self.strides), _Dims(*kernel),
                             _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "pooling")
                     with _TeamOf(1 if serial else _OMP_THREADS):
-                        pd = _descriptor_with([_md((n, c, h, wd), st.f32, st.tag_acdb), _md((n, c, oh, ow), st.f32, st.tag_acdb)], create)
+                        pd = _descriptor_with([_md((n, c, h, wd), st.f32, tag), _md((n, c, oh, ow), st.f32, tag)], create)
                 finally:
                     lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
                 with _TeamOf(1 if serial else _OMP_THREADS):
@@ -692,25 +727,70 @@ class Pool2D:
             return self._shapes[cached]
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> np.ndarray:
-        """Pool an NHWC float32 tensor to (N, oh, ow, C); an empty kernel pools each whole plane."""
-        if x.dtype != _F32 or x.ndim != 4:
+        """Pool an NHWC float32 tensor to (N, oh, ow, C), or a blocked one to its blocked result; an
+        empty kernel pools each whole plane."""
+        blocked = x.ndim == 5 and x.shape[-1] == BLOCK
+        if x.dtype != _F32 or (x.ndim != 4 and not blocked):
             raise ValueError(f"Pool {self.name}: expected a 4-D float32 NHWC input, got {x.dtype} of shape {x.shape}")
-        n, h, wd, c = x.shape
-        out = np.empty((n, oh, ow, c), dtype=_F32)
-        key = (n, h, wd, c, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1])
+        n, h, wd, c = unblocked_shape(x.shape) if blocked else x.shape
+        out = np.empty(blocked_shape((n, oh, ow, c)) if blocked else (n, oh, ow, c), dtype=_F32)
+        key = (n, h, wd, c, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], blocked)
         choice = self._choices.get(key) or self._choices.setdefault(key, TeamChoice())
         serial = choice.pick()
         _execute(self._primitive(key, serial), np.ascontiguousarray(x), out, [], serial, choice)
         return out
 
 
-def conv_for_node(spec: Any, w: np.ndarray | None, layout: str) -> Conv2D | None:
-    """The oneDNN convolution for a (Fused)Conv node, or None where it does not apply: no library,
-    non-float32 or non-constant weights or bias, or an activation oneDNN does not fuse."""
+class Reorder:
+    """NHWC float32 <-> the blocked layout, one multithreaded pass (oneDNN's reorder)."""
+
+    def __init__(self, to_blocked: bool) -> None:
+        self.to_blocked = to_blocked
+        self._shapes: dict[tuple[int, ...], _Primitive] = {}
+        self._choices: dict[tuple[int, ...], TeamChoice] = {}
+        self._lock = threading.Lock()
+
+    def _primitive(self, key: tuple[int, ...]) -> _Primitive:
+        found = self._shapes.get(key)
+        if found is not None:
+            return found
+        with self._lock:
+            if key not in self._shapes:
+                lib, st = _lib, _library()
+                n, h, w, c, serial = key
+                src, dst = (st.tag_acdb, st.tag_blocked) if self.to_blocked else (st.tag_blocked, st.tag_acdb)
+                with _TeamOf(1 if serial else _OMP_THREADS):
+                    pd = _descriptor_with([_md((n, c, h, w), st.f32, src), _md((n, c, h, w), st.f32, dst)], lambda pd, s, d: _check(
+                        lib.dnnl_reorder_primitive_desc_create(pd, s, st.engine, d, st.engine, None), "reorder"))  # type: ignore[union-attr]
+                    self._shapes[key] = _Primitive(pd, [_ARG_FROM, _ARG_TO])
+            return self._shapes[key]
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        if x.dtype != _F32 or x.ndim != (4 if self.to_blocked else 5) or x.shape[-1 if self.to_blocked else 4] % BLOCK:
+            want = f"NHWC with channels in blocks of {BLOCK}" if self.to_blocked else f"blocked (N, C/{BLOCK}, H, W, {BLOCK})"
+            raise ValueError(f"reorder: expected a float32 {want} tensor, got {x.dtype} of shape {list(x.shape)}")
+        nhwc = x.shape if self.to_blocked else unblocked_shape(x.shape)
+        out = np.empty(blocked_shape(nhwc) if self.to_blocked else nhwc, dtype=_F32)
+        choice = self._choices.get(nhwc) or self._choices.setdefault(nhwc, TeamChoice())
+        serial = choice.pick()
+        _execute(self._primitive(tuple(nhwc) + (serial,)), np.ascontiguousarray(x), out, [], serial, choice)
+        return out
+
+
+def conv_applies(spec: Any, w: np.ndarray | None) -> bool:
+    """Whether a (Fused)Conv node runs here: the library is loaded, weights and bias are constant
+    float32, and oneDNN fuses its activation."""
     act = activation_post_op(spec.attrs.get("activation"))
     bias = spec.const(2) if spec.has(2) else None
-    if not AVAILABLE or w is None or w.ndim != 4 or w.dtype != _F32 or act is False or (spec.has(2) and bias is None):
+    return AVAILABLE and w is not None and w.ndim == 4 and w.dtype == _F32 and act is not False and not (spec.has(2) and bias is None)
+
+
+def conv_for_node(spec: Any, w: np.ndarray | None, layout: str) -> Conv2D | None:
+    """The oneDNN convolution for a (Fused)Conv node, or None where it does not apply (conv_applies)."""
+    if not conv_applies(spec, w):
         return None
+    act = activation_post_op(spec.attrs.get("activation"))
+    bias = spec.const(2) if spec.has(2) else None
     strides = list(spec.attr("strides") or [1, 1])
     dil = list(spec.attr("dilations") or [1, 1])
     return Conv2D(w, bias, spec.attr("group", 1), strides, dil, act, residual=spec.has(3), layout=layout, name=spec.name)  # type: ignore[arg-type]

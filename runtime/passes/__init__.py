@@ -5,13 +5,14 @@ from ..graph import Graph, toposort
 from .constant_folding import fold_constants
 from .dce import eliminate_dead_nodes
 from .fusion import fuse
+from .blocked import to_blocked
 from .layout import to_nhwc
 from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views
 
 PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "to_nhwc",
-            "collapse_views", "eliminate_dead_nodes", "infer_shapes")
+            "collapse_views", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
 
 def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
@@ -33,9 +34,12 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     if fusion:
         infer_shapes(graph)
         collapse_views(graph)
+    if fusion and layout:
+        infer_shapes(graph)
+        to_blocked(graph)
     eliminate_dead_nodes(graph)
     infer_shapes(graph)
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "to_nhwc", "collapse_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "to_nhwc", "to_blocked", "collapse_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

@@ -1,0 +1,86 @@
+"""Regions of oneDNN kernels that pass activations in the blocked layout (kernels/onednn.py).
+
+AVX2's convolution kernels are written for channels in blocks of 8; on NHWC tensors oneDNN runs
+other, slower ones, and a kernel given one layout in and the other out falls back to its
+reference code. So the layout is chosen per region, not per node: connected convolutions and
+pools that all take it (kernels/nhwc.py `takes_blocked`) pass blocked tensors among themselves,
+a ToBlocked reorders each tensor entering the region and a FromBlocked each one leaving it for a
+kernel that reads NHWC; a global pool reads the blocks and leaves for free. Whether the tensors
+are really blocked is the batch's call at run time (ToBlocked passes small batches through), so
+the rewritten graph serves every batch size. A region pays for its reorders only where it has
+convolutions enough to win them back.
+"""
+from __future__ import annotations
+
+from ..graph import Graph, Node, ValueInfo, toposort, unique_name
+from ..kernels.nhwc import BLOCKED_OPS, BLOCKED_SINKS, takes_blocked
+from .shape_inference import spec_for
+
+CONVS_PER_REORDER = 4  # a region's convolutions per reorder beyond its first one
+
+
+def _data_inputs(node: Node) -> list[int]:
+    """Operand positions that carry activations: the input, and a convolution's residual."""
+    return [i for i in (0, 3) if i < len(node.inputs) and node.inputs[i] and (i == 0 or node.op == "FusedConvNHWC")]
+
+
+def _regions(graph: Graph) -> tuple[list[list[Node]], set[str]]:
+    """Connected members (blocked in and out), and the names of the global pools that may read them."""
+    members = [n for n in graph.nodes if n.op in BLOCKED_OPS and takes_blocked(spec_for(graph, n))]
+    sinks = {n.name for n in graph.nodes if n.op in BLOCKED_SINKS and takes_blocked(spec_for(graph, n))}
+    root = {n.name: n.name for n in members}
+
+    def find(name: str) -> str:
+        while root[name] != name:
+            root[name] = root[root[name]]
+            name = root[name]
+        return name
+
+    producer = {o: n for n in members for o in n.outputs}
+    for n in members:
+        for i in _data_inputs(n):
+            p = producer.get(n.inputs[i])
+            if p is not None:
+                root[find(n.name)] = find(p.name)
+    groups: dict[str, list[Node]] = {}
+    for n in members:
+        groups.setdefault(find(n.name), []).append(n)
+    return list(groups.values()), sinks
+
+
+def to_blocked(graph: Graph) -> Graph:
+    regions, sinks = _regions(graph)
+    if not regions:
+        return graph
+    consumers = graph.consumers()
+    outputs = graph.output_names()
+    taken = graph.value_names()
+    for region in regions:
+        inside = {n.name for n in region}
+        made = {o for n in region for o in n.outputs}
+        entries = sorted({n.inputs[i] for n in region for i in _data_inputs(n)} - made)
+        exits = sorted(v for v in made if v in outputs or any(
+            c.name not in inside and not (c.name in sinks and c.inputs[0] == v) for c in consumers.get(v, [])))
+        convs = sum(n.op == "FusedConvNHWC" for n in region)
+        if convs < 2 or len(entries) + len(exits) > 1 + convs // CONVS_PER_REORDER:
+            continue
+        for v in entries:
+            b = unique_name(f"{v}__blocked", taken)
+            graph.nodes.append(Node("ToBlocked", b, [v], [b]))
+            graph.values[b] = ValueInfo(b, graph.values[v].dtype, graph.values[v].shape) if v in graph.values else ValueInfo(b)
+            for n in region:
+                for i in _data_inputs(n):
+                    if n.inputs[i] == v:
+                        n.inputs[i] = b
+        for v in exits:  # the region writes v's blocks under a new name; v itself becomes their NHWC copy
+            b = unique_name(f"{v}__blocked", taken)
+            for n in region:
+                n.outputs = [b if o == v else o for o in n.outputs]
+                n.inputs = [b if (i == v and k in _data_inputs(n)) else i for k, i in enumerate(n.inputs)]
+            for c in consumers.get(v, []):
+                if c.name in sinks and c.inputs[0] == v:
+                    c.inputs[0] = b
+            graph.nodes.append(Node("FromBlocked", unique_name(f"{v}__nhwc", taken), [b], [v]))
+            if v in graph.values:
+                graph.values[b] = ValueInfo(b, graph.values[v].dtype, graph.values[v].shape)
+    return toposort(graph)

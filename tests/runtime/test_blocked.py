@@ -1,0 +1,121 @@
+"""passes/blocked.py: regions of oneDNN convolutions and pools pass blocked tensors from
+BLOCKED_MIN_BATCH images up and NHWC ones below it; every case runs against onnxruntime on the
+model as written, at a batch on each side of the threshold."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kubetrt.runtime.devices.host import RUNTIME
+from kubetrt.runtime.kernels import onednn
+from kubetrt.runtime.onnx_import import from_proto
+from onnx_cases import make_model, node, run_ort
+
+pytestmark = pytest.mark.skipif(not onednn.AVAILABLE, reason="oneDNN is a base dependency; without it no region forms")
+
+rng = np.random.default_rng(5)
+SMALL, LARGE = 1, onednn.BLOCKED_MIN_BATCH
+
+
+def f32(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def run_observed(model: Any, x: np.ndarray) -> tuple[list[np.ndarray], dict[str, tuple[int, ...]]]:
+    """The plan's outputs, and the shape of what each kernel returned (op -> last shape seen)."""
+    graph = from_proto(model)
+    plan = RUNTIME.prepare(graph, {})
+    seen: dict[str, tuple[int, ...]] = {}
+
+    def watched(run: Any, op: str) -> Any:
+        def step(*args: Any) -> Any:
+            out = run(*args)
+            seen[op] = np.shape(out[0])
+            return out
+        return step
+
+    ops = {k.id: k.op for k in plan.prog.kernels}
+    plan.steps = [(watched(r, ops[kid]), a, b, c, kid) for r, a, b, c, kid in plan.steps]
+    return plan.run([x]), seen
+
+
+def check(model: Any, batch: int) -> dict[str, tuple[int, ...]]:
+    x = f32(batch, 16, 12, 12)
+    got, seen = run_observed(model, x)
+    for g, want in zip(got, run_ort(model, {"x": x})):
+        assert g.shape == want.shape
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
+    return seen
+
+
+def residual_net(extra_output: bool = False) -> Any:
+    # conv-relu -> maxpool -> depthwise -> 1x1 conv + shortcut -> relu -> 1x1 conv -> global pool
+    nodes = [node("Conv", ["x", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
+             node("MaxPool", ["r1"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Conv", ["p", "wd"], ["d"], pads=[1, 1, 1, 1], group=16),
+             node("Conv", ["d", "w2"], ["c2"]), node("Add", ["c2", "p"], ["s"]), node("Relu", ["s"], ["r2"]),
+             node("Conv", ["r2", "w3"], ["c3"]), node("GlobalAveragePool", ["c3"], ["y"])]
+    outputs = ["y"] + (["r2"] if extra_output else [])
+    consts = {"w1": f32(16, 16, 3, 3), "b1": f32(16), "wd": f32(16, 1, 3, 3), "w2": f32(16, 16, 1, 1), "w3": f32(16, 16, 1, 1)}
+    return make_model(nodes, {"x": f32(1, 16, 12, 12)}, outputs, consts, dynamic_batch=True)
+
+
+def test_a_region_runs_blocked_from_the_threshold_and_nhwc_below_it() -> None:
+    model = residual_net()
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert ops.count("ToBlocked") == 1 and "FromBlocked" not in ops, ops  # the global pool leaves the region itself
+    large = check(model, LARGE)
+    assert large["ToBlocked"] == (LARGE, 2, 12, 12, onednn.BLOCK)
+    assert large["FusedConvNHWC"] == (LARGE, 2, 6, 6, onednn.BLOCK)  # the last conv of the region
+    assert large["GlobalAveragePoolNHWC"] == (LARGE, 1, 1, 16)
+    small = check(model, SMALL)
+    assert small["ToBlocked"] == (SMALL, 12, 12, 16) and small["FusedConvNHWC"] == (SMALL, 6, 6, 16)
+
+
+def test_a_value_read_outside_the_region_leaves_it_as_nhwc() -> None:
+    model = residual_net(extra_output=True)
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert ops.count("ToBlocked") == 1 and ops.count("FromBlocked") == 1, ops
+    seen = check(model, LARGE)
+    assert seen["FromBlocked"] == (LARGE, 6, 6, 16)
+
+
+def test_a_region_that_would_reorder_more_than_it_computes_stays_nhwc() -> None:
+    # every convolution's output is also a graph output: three exits for two convolutions
+    nodes = [node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), node("Conv", ["c1", "w2"], ["c2"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, {"x": f32(1, 16, 12, 12)}, ["c1", "c2"], {"w1": f32(16, 16, 3, 3), "w2": f32(16, 16, 3, 3)},
+                       dynamic_batch=True)
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert "ToBlocked" not in ops and "FromBlocked" not in ops, ops
+    assert check(model, LARGE)["FusedConvNHWC"] == (LARGE, 12, 12, 16)
+
+
+def test_channels_that_do_not_fill_blocks_stay_nhwc() -> None:
+    nodes = [node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), node("Conv", ["c1", "w2"], ["y"], pads=[1, 1, 1, 1])]
+    model = make_model(nodes, {"x": f32(1, 16, 12, 12)}, ["y"], {"w1": f32(12, 16, 3, 3), "w2": f32(16, 12, 3, 3)},
+                       dynamic_batch=True)
+    assert "ToBlocked" not in [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    check(model, LARGE)
+
+
+def test_reorders_round_trip_exactly_and_name_a_bad_input() -> None:
+    x = f32(3, 5, 7, 24)
+    blocked = onednn.Reorder(to_blocked=True)(x)
+    assert blocked.shape == (3, 3, 5, 7, onednn.BLOCK)
+    np.testing.assert_array_equal(blocked, x.reshape(3, 5, 7, 3, onednn.BLOCK).transpose(0, 3, 1, 2, 4))
+    np.testing.assert_array_equal(onednn.Reorder(to_blocked=False)(blocked), x)
+    with pytest.raises(ValueError, match=r"channels in blocks of 8.*shape \[3, 5, 7, 20\]"):
+        onednn.Reorder(to_blocked=True)(f32(3, 5, 7, 20))
+
+
+@pytest.mark.parametrize(("text", "expected"), [("", 8), ("16", 16), ("1", 1)])
+def test_blocked_min_batch_from_env(text: str, expected: int) -> None:
+    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: text}) == expected
+
+
+def test_blocked_min_batch_zero_means_never_and_junk_is_an_error() -> None:
+    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: "0"}) > 1 << 40
+    with pytest.raises(ValueError, match="KUBETRT_BLOCKED_MIN_BATCH='eight': expected a batch size"):
+        onednn.blocked_min_batch({onednn.BLOCKED_ENV: "eight"})
