@@ -12,7 +12,7 @@ import numpy as np
 
 from . import jit
 from .activations import UNARY_OPS, Params, bind
-from .registry import OutputShapes, KernelSpec, Run, broadcast, broadcast_bool, broadcast_shape, register, same_as_input
+from .registry import BLOCKED_OPERAND, OutputShapes, KernelSpec, Run, broadcast, broadcast_bool, broadcast_shape, register, same_as_input
 
 
 def _writable(x: np.ndarray) -> bool:
@@ -84,8 +84,12 @@ def binary(spec: KernelSpec) -> Run:
         return lambda a, b: (np.power(a, b.astype(a.dtype, copy=False)),)
     ip0, ip1 = 0 in spec.inplace, 1 in spec.inplace
     row_vector = jit.AVAILABLE and (spec.op, False) in jit.ROW_VECTOR_OPS
+    blocked = spec.attr(BLOCKED_OPERAND)
 
     def run(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
+        if blocked is not None and (a, b)[blocked].ndim == 5:
+            x, g = (a, b) if blocked == 0 else (b, a)
+            return (jit.scale_blocked(x, g, x if (ip0, ip1)[blocked] and _writable(x) else np.empty_like(x)),)
         if row_vector:
             for big, vec, vector_first, may_overwrite in ((a, b, False, ip0), (b, a, True, ip1)):
                 if _is_row_vector_of(vec, big):

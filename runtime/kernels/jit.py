@@ -594,3 +594,28 @@ def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, ou
         run_split(_rows_by_vector, (a2, vec, out.reshape(rows // k, c * k), f), rows // k, a.size // ROW_VECTOR_PASSES)
     return out
 
+
+
+if AVAILABLE:
+
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _scale_blocks(x, g, out, start, stop):
+        # x, out (P, H*W, 8); g (P, 8): one channel block of one image per p. The literal 8 lets
+        # LLVM keep the block in one vector register.
+        for p in range(start, stop):
+            s, xp, yp = g[p], x[p], out[p]
+            for j in range(x.shape[1]):
+                for lane in range(8):
+                    yp[j, lane] = xp[j, lane] * s[lane]
+
+
+def scale_blocked(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """out = x * g for blocked activations x (N, C/8, H, W, 8) and per-image channel scales g
+    (N or 1, 1, 1, C): a squeeze-and-excitation gate inside a blocked region (passes/blocked.py)."""
+    n, cb, h, w, b = x.shape
+    if b != 8 or g.size not in (cb * b, n * cb * b) or out.shape != x.shape:
+        raise ValueError(f"scale_blocked: expected (N, C/8, H, W, 8) activations and (N, 1, 1, C) scales, got {list(x.shape)} and {list(g.shape)}")
+    scales = np.ascontiguousarray(np.broadcast_to(g.reshape(-1, cb * b), (n, cb * b)), dtype=x.dtype).reshape(n * cb, b)
+    run_split(_scale_blocks, (np.ascontiguousarray(x).reshape(n * cb, h * w, b), scales, out.reshape(n * cb, h * w, b)),
+              n * cb, x.size // ROW_VECTOR_PASSES)
+    return out

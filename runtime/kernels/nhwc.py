@@ -79,6 +79,21 @@ def takes_blocked(spec: KernelSpec) -> bool:
     return o % onednn.BLOCK == 0 and (group == 1 or (group == o == xs[3] and cg == 1))
 
 
+def blocked_operand(spec: KernelSpec) -> int | None:
+    """For a float32 Mul of NHWC activations by per-channel scales (N or 1, 1, 1, C), a squeeze-and-
+    excitation gate: the position of the activations, which may then arrive blocked
+    (elementwise.binary scales them in place); None for any other node."""
+    if spec.op != "Mul" or not (onednn.AVAILABLE and jit.AVAILABLE) or any(d != np.float32 for d in spec.dtypes[:2]):
+        return None
+    for pos in (0, 1):
+        xs, gs = spec.shapes[pos], spec.shapes[1 - pos]
+        if xs is None or gs is None or len(xs) != 4 or len(gs) != 4 or xs[3] < 1 or xs[3] % onednn.BLOCK:
+            continue
+        if tuple(gs[1:]) == (1, 1, xs[3]) and gs[0] in (1, xs[0]) and tuple(xs[1:3]) != (1, 1):
+            return pos
+    return None
+
+
 @register("FusedConvNHWC", _nhwc_conv_shape)
 def conv_nhwc(spec: KernelSpec) -> Run:
     w = spec.const(1)

@@ -20,6 +20,11 @@ import numpy as np
 
 from ..errors import UnsupportedOpError
 
+# Attribute key of a Mul inside a blocked region (passes/blocked.py): the operand that may arrive in
+# the blocked layout, the other being per-channel scales (a colon never appears in ONNX names).
+BLOCKED_OPERAND = "kubetrt:blocked_operand"
+
+
 Shape = tuple[int, ...] | None  # None = unknown rank; -1 = unknown dim
 Run = Callable[..., tuple[np.ndarray, ...]]
 

@@ -13,20 +13,34 @@ convolutions enough to win them back.
 from __future__ import annotations
 
 from ..graph import Graph, Node, ValueInfo, toposort, unique_name
-from ..kernels.nhwc import BLOCKED_OPS, BLOCKED_SINKS, takes_blocked
+from ..kernels.registry import BLOCKED_OPERAND
+from ..kernels.nhwc import BLOCKED_OPS, BLOCKED_SINKS, blocked_operand, takes_blocked
 from .shape_inference import spec_for
 
 CONVS_PER_REORDER = 4  # a region's convolutions per reorder beyond its first one
 
 
 def _data_inputs(node: Node) -> list[int]:
-    """Operand positions that carry activations: the input, and a convolution's residual."""
+    """Operand positions that carry activations: the input, a convolution's residual, the scaled
+    operand of a Mul by per-channel scales."""
+    if node.op == "Mul":
+        return [node.attrs[BLOCKED_OPERAND]]
     return [i for i in (0, 3) if i < len(node.inputs) and node.inputs[i] and (i == 0 or node.op == "FusedConvNHWC")]
 
 
 def _regions(graph: Graph) -> tuple[list[list[Node]], set[str]]:
-    """Connected members (blocked in and out), and the names of the global pools that may read them."""
-    members = [n for n in graph.nodes if n.op in BLOCKED_OPS and takes_blocked(spec_for(graph, n))]
+    """Connected members (blocked in and out), and the names of the global pools that may read them.
+    A Mul that may join is marked with its activations' position (unmarked again if its region stays NHWC)."""
+    members = []
+    for n in graph.nodes:
+        spec = spec_for(graph, n)
+        if n.op == "Mul":
+            pos = blocked_operand(spec)
+            if pos is not None:
+                n.attrs[BLOCKED_OPERAND] = pos
+                members.append(n)
+        elif n.op in BLOCKED_OPS and takes_blocked(spec):
+            members.append(n)
     sinks = {n.name for n in graph.nodes if n.op in BLOCKED_SINKS and takes_blocked(spec_for(graph, n))}
     root = {n.name: n.name for n in members}
 
@@ -63,6 +77,8 @@ def to_blocked(graph: Graph) -> Graph:
             c.name not in inside and not (c.name in sinks and c.inputs[0] == v) for c in consumers.get(v, [])))
         convs = sum(n.op == "FusedConvNHWC" for n in region)
         if convs < 2 or len(entries) + len(exits) > 1 + convs // CONVS_PER_REORDER:
+            for n in region:
+                n.attrs.pop(BLOCKED_OPERAND, None)
             continue
         for v in entries:
             b = unique_name(f"{v}__blocked", taken)

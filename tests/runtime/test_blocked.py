@@ -119,3 +119,28 @@ def test_blocked_min_batch_zero_means_never_and_junk_is_an_error() -> None:
     assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: "0"}) > 1 << 40
     with pytest.raises(ValueError, match="KUBETRT_BLOCKED_MIN_BATCH='eight': expected a batch size"):
         onednn.blocked_min_batch({onednn.BLOCKED_ENV: "eight"})
+
+
+def test_a_squeeze_excitation_gate_scales_the_blocks_in_the_region() -> None:
+    # conv -> depthwise -> [global pool -> 1x1 conv -> sigmoid] -> gate * depthwise -> 1x1 conv -> conv
+    nodes = [node("Conv", ["x", "w1"], ["c1"], pads=[1, 1, 1, 1]), node("Conv", ["c1", "wd"], ["d"], pads=[1, 1, 1, 1], group=16),
+             node("GlobalAveragePool", ["d"], ["g"]), node("Conv", ["g", "ws"], ["e"]), node("Sigmoid", ["e"], ["gate"]),
+             node("Mul", ["gate", "d"], ["m"]), node("Conv", ["m", "w2"], ["c2"]),
+             node("Conv", ["c2", "w3"], ["c3"], pads=[1, 1, 1, 1]), node("GlobalAveragePool", ["c3"], ["y"])]
+    consts = {"w1": f32(16, 16, 3, 3), "wd": f32(16, 1, 3, 3), "ws": f32(16, 16, 1, 1), "w2": f32(16, 16, 1, 1), "w3": f32(16, 16, 3, 3)}
+    model = make_model(nodes, {"x": f32(1, 16, 12, 12)}, ["y"], consts, dynamic_batch=True)
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert ops.count("ToBlocked") == 1 and "FromBlocked" not in ops, ops
+    assert check(model, LARGE)["Mul"] == (LARGE, 2, 12, 12, onednn.BLOCK)
+    assert check(model, SMALL)["Mul"] == (SMALL, 12, 12, 16)
+
+
+def test_scale_blocked_matches_broadcasting_and_names_bad_shapes() -> None:
+    from kubetrt.runtime.kernels import jit
+
+    if not jit.AVAILABLE:
+        pytest.skip("numba is a base dependency; without it Mul never joins a region")
+    x, g = f32(3, 2, 4, 5, 8), f32(3, 1, 1, 16)
+    np.testing.assert_array_equal(jit.scale_blocked(x, g, np.empty_like(x)), x * g.reshape(3, 2, 1, 1, 8))
+    with pytest.raises(ValueError, match=r"scale_blocked: .* got \[3, 2, 4, 5, 8\] and \[3, 1, 1, 24\]"):
+        jit.scale_blocked(x, f32(3, 1, 1, 24), np.empty_like(x))
