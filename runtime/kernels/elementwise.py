@@ -89,7 +89,8 @@ def binary(spec: KernelSpec) -> Run:
     def run(a: np.ndarray, b: np.ndarray) -> tuple[np.ndarray, ...]:
         if blocked is not None and (a, b)[blocked].ndim == 5:
             x, g = (a, b) if blocked == 0 else (b, a)
-            return (jit.scale_blocked(x, g, x if (ip0, ip1)[blocked] and _writable(x) else np.empty_like(x)),)
+            in_place = (ip0, ip1)[blocked] and _writable(x) and x.flags.c_contiguous  # scale_blocked writes through a reshape
+            return (jit.scale_blocked(x, g, x if in_place else np.empty(x.shape, x.dtype)),)
         if row_vector:
             for big, vec, vector_first, may_overwrite in ((a, b, False, ip0), (b, a, True, ip1)):
                 if _is_row_vector_of(vec, big):

@@ -613,7 +613,7 @@ def scale_blocked(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> np.ndarray:
     """out = x * g for blocked activations x (N, C/8, H, W, 8) and per-image channel scales g
     (N or 1, 1, 1, C): a squeeze-and-excitation gate inside a blocked region (passes/blocked.py)."""
     n, cb, h, w, b = x.shape
-    if b != 8 or g.size not in (cb * b, n * cb * b) or out.shape != x.shape:
+    if b != 8 or g.size not in (cb * b, n * cb * b) or out.shape != x.shape or not out.flags.c_contiguous:
         raise ValueError(f"scale_blocked: expected (N, C/8, H, W, 8) activations and (N, 1, 1, C) scales, got {list(x.shape)} and {list(g.shape)}")
     scales = np.ascontiguousarray(np.broadcast_to(g.reshape(-1, cb * b), (n, cb * b)), dtype=x.dtype).reshape(n * cb, b)
     run_split(_scale_blocks, (np.ascontiguousarray(x).reshape(n * cb, h * w, b), scales, out.reshape(n * cb, h * w, b)),

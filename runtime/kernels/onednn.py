@@ -20,7 +20,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -35,6 +35,7 @@ _ARG_SRC, _ARG_DST, _ARG_WEIGHTS, _ARG_BIAS, _ARG_SCRATCHPAD = 1, 17, 33, 41, 80
 _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
 _ARG_ATTR_SCALES = 4096  # | the argument it scales
 MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call costs more than NumPy's
+_QUERY_IMPL_INFO_STR, _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 8, 136, 255
 # The blocked activation layout (nChw8c): channels in blocks of BLOCK innermost, as (N, C/BLOCK, H,
 # W, BLOCK) arrays. AVX2's direct and depthwise kernels are written for it; at a served batch they
 # beat the NHWC ones, at batch 1 not, so tensors take it only from BLOCKED_MIN_BATCH images up.
@@ -64,7 +65,7 @@ def blocked_shape(nhwc: tuple[int, ...]) -> tuple[int, ...]:
 def unblocked_shape(blocked: tuple[int, ...]) -> tuple[int, int, int, int]:
     n, cb, h, w, b = blocked
     return (n, h, w, cb * b)
-_QUERY_IMPL_INFO_STR, _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 8, 136, 255
+
 
 
 class _ExecArg(ctypes.Structure):
@@ -519,31 +520,27 @@ class _FusedOp:
     def _primitive(self, key: tuple[int, ...], serial: bool = False) -> tuple[_Primitive, list[int], np.ndarray]:
         """The primitive for this input shape, made for a team of one where `serial`."""
         cached = key + (serial,)
-        found = self._shapes.get(cached)
-        if found is not None:
-            return found
-        with self._lock:
-            if cached in self._shapes:
-                return self._shapes[cached]
-            lib = _lib
-            attr, post = ctypes.c_void_p(), ctypes.c_void_p()
-            _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
-            _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
-            try:
-                self._attributes(attr, post)
-                with _TeamOf(1 if serial else _OMP_THREADS):
-                    pd = self._descriptor(key, attr)
-            finally:
-                lib.dnnl_post_ops_destroy(post)  # type: ignore[union-attr]
-                lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
-            scale_slots = [(_ARG_ATTR_SCALES | arg, _md((values.size,), _library().f32, _library().tag_a)) for arg, values in self._scales]
+        return self._shapes.get(cached) or _made_once(self._shapes, self._lock, cached, lambda: self._make(key, serial))
+
+    def _make(self, key: tuple[int, ...], serial: bool) -> tuple[_Primitive, list[int], np.ndarray]:
+        lib = _lib
+        attr, post = ctypes.c_void_p(), ctypes.c_void_p()
+        _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
+        _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
+        try:
+            self._attributes(attr, post)
             with _TeamOf(1 if serial else _OMP_THREADS):
-                prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []), scale_slots)
-            weights = self._reordered(prim.md(_ARG_WEIGHTS))
-            consts = [weights.ctypes.data] + ([self.bias.ctypes.data] if self.bias is not None else [])
-            consts += [values.ctypes.data for _, values in self._scales]
-            self._shapes[cached] = (prim, consts, weights)
-            return self._shapes[cached]
+                pd = self._descriptor(key, attr)
+        finally:
+            lib.dnnl_post_ops_destroy(post)  # type: ignore[union-attr]
+            lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
+        scale_slots = [(_ARG_ATTR_SCALES | arg, _md((values.size,), _library().f32, _library().tag_a)) for arg, values in self._scales]
+        with _TeamOf(1 if serial else _OMP_THREADS):
+            prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []), scale_slots)
+        weights = self._reordered(prim.md(_ARG_WEIGHTS))
+        consts = [weights.ctypes.data] + ([self.bias.ctypes.data] if self.bias is not None else [])
+        consts += [values.ctypes.data for _, values in self._scales]
+        return (prim, consts, weights)
 
     def implementation(self, key: tuple[int, ...]) -> str:
         """The kernel oneDNN runs for this input shape key (made now if it is not yet)."""
@@ -588,6 +585,21 @@ def _descriptor_with(mds: list[ctypes.c_void_p | None], create: Any) -> ctypes.c
             if md is not None:
                 _lib.dnnl_memory_desc_destroy(md)  # type: ignore[union-attr]
 
+
+
+_T = TypeVar("_T")
+
+
+def _made_once(cache: dict[tuple[Any, ...], _T], lock: threading.Lock, key: tuple[Any, ...], make: Callable[[], _T]) -> _T:
+    """cache[key], made by `make` on first use: calls from several threads make it once. Callers
+    look the key up themselves first, so a hit costs no call."""
+    found = cache.get(key)
+    if found is None:
+        with lock:
+            found = cache.get(key)
+            if found is None:
+                found = cache[key] = make()
+    return found
 
 class Conv2D(_FusedOp):
     """A 2-D convolution (NHWC or NCHW activations, ONNX OIHW weights), grouped or not: float32,
@@ -700,31 +712,28 @@ class Pool2D:
 
     def _primitive(self, key: tuple[int, ...], serial: bool) -> _Primitive:
         cached = key + (serial,)
-        found = self._shapes.get(cached)
-        if found is not None:
-            return found
-        with self._lock:
-            if cached not in self._shapes:
-                lib, st = _lib, _library()
-                n, h, wd, c, oh, ow, pt, pl, pb, pr, blocked = key
-                tag = st.tag_blocked if blocked else st.tag_acdb
-                kernel = self.kernel if self.kernel else [h, wd]
-                attr = ctypes.c_void_p()
-                _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
-                try:
-                    _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
+        return self._shapes.get(cached) or _made_once(self._shapes, self._lock, cached, lambda: self._make(key, serial))
 
-                    def create(pd: Any, src: Any, dst: Any) -> None:
-                        _check(lib.dnnl_pooling_forward_primitive_desc_create(  # type: ignore[union-attr]
-                            pd, st.engine, st.inference, self.alg, src, dst, _Dims(*self.strides), _Dims(*kernel),
-                            _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "pooling")
-                    with _TeamOf(1 if serial else _OMP_THREADS):
-                        pd = _descriptor_with([_md((n, c, h, wd), st.f32, tag), _md((n, c, oh, ow), st.f32, tag)], create)
-                finally:
-                    lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
-                with _TeamOf(1 if serial else _OMP_THREADS):
-                    self._shapes[cached] = _Primitive(pd, [_ARG_SRC, _ARG_DST])
-            return self._shapes[cached]
+    def _make(self, key: tuple[int, ...], serial: bool) -> _Primitive:
+        lib, st = _lib, _library()
+        n, h, wd, c, oh, ow, pt, pl, pb, pr, blocked = key
+        tag = st.tag_blocked if blocked else st.tag_acdb
+        kernel = self.kernel if self.kernel else [h, wd]
+        attr = ctypes.c_void_p()
+        _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
+        try:
+            _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
+
+            def create(pd: Any, src: Any, dst: Any) -> None:
+                _check(lib.dnnl_pooling_forward_primitive_desc_create(  # type: ignore[union-attr]
+                    pd, st.engine, st.inference, self.alg, src, dst, _Dims(*self.strides), _Dims(*kernel),
+                    _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "pooling")
+            with _TeamOf(1 if serial else _OMP_THREADS):
+                pd = _descriptor_with([_md((n, c, h, wd), st.f32, tag), _md((n, c, oh, ow), st.f32, tag)], create)
+        finally:
+            lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
+        with _TeamOf(1 if serial else _OMP_THREADS):
+            return _Primitive(pd, [_ARG_SRC, _ARG_DST])
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> np.ndarray:
         """Pool an NHWC float32 tensor to (N, oh, ow, C), or a blocked one to its blocked result; an
@@ -750,20 +759,18 @@ class Reorder:
         self._choices: dict[tuple[int, ...], TeamChoice] = {}
         self._lock = threading.Lock()
 
-    def _primitive(self, key: tuple[int, ...]) -> _Primitive:
-        found = self._shapes.get(key)
-        if found is not None:
-            return found
-        with self._lock:
-            if key not in self._shapes:
-                lib, st = _lib, _library()
-                n, h, w, c, serial = key
-                src, dst = (st.tag_acdb, st.tag_blocked) if self.to_blocked else (st.tag_blocked, st.tag_acdb)
-                with _TeamOf(1 if serial else _OMP_THREADS):
-                    pd = _descriptor_with([_md((n, c, h, w), st.f32, src), _md((n, c, h, w), st.f32, dst)], lambda pd, s, d: _check(
-                        lib.dnnl_reorder_primitive_desc_create(pd, s, st.engine, d, st.engine, None), "reorder"))  # type: ignore[union-attr]
-                    self._shapes[key] = _Primitive(pd, [_ARG_FROM, _ARG_TO])
-            return self._shapes[key]
+    def _primitive(self, key: tuple[int, ...], serial: bool) -> _Primitive:
+        cached = key + (serial,)
+        return self._shapes.get(cached) or _made_once(self._shapes, self._lock, cached, lambda: self._make(key, serial))
+
+    def _make(self, key: tuple[int, ...], serial: bool) -> _Primitive:
+        lib, st = _lib, _library()
+        n, h, w, c = key
+        src, dst = (st.tag_acdb, st.tag_blocked) if self.to_blocked else (st.tag_blocked, st.tag_acdb)
+        with _TeamOf(1 if serial else _OMP_THREADS):
+            pd = _descriptor_with([_md((n, c, h, w), st.f32, src), _md((n, c, h, w), st.f32, dst)], lambda pd, s, d: _check(
+                lib.dnnl_reorder_primitive_desc_create(pd, s, st.engine, d, st.engine, None), "reorder"))  # type: ignore[union-attr]
+            return _Primitive(pd, [_ARG_FROM, _ARG_TO])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         if x.dtype != _F32 or x.ndim != (4 if self.to_blocked else 5) or x.shape[-1 if self.to_blocked else 4] % BLOCK:
@@ -773,7 +780,7 @@ class Reorder:
         out = np.empty(blocked_shape(nhwc) if self.to_blocked else nhwc, dtype=_F32)
         choice = self._choices.get(nhwc) or self._choices.setdefault(nhwc, TeamChoice())
         serial = choice.pick()
-        _execute(self._primitive(tuple(nhwc) + (serial,)), np.ascontiguousarray(x), out, [], serial, choice)
+        _execute(self._primitive(tuple(nhwc), serial), np.ascontiguousarray(x), out, [], serial, choice)
         return out
 
 

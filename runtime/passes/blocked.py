@@ -31,17 +31,19 @@ def _data_inputs(node: Node) -> list[int]:
 def _regions(graph: Graph) -> tuple[list[list[Node]], set[str]]:
     """Connected members (blocked in and out), and the names of the global pools that may read them.
     A Mul that may join is marked with its activations' position (unmarked again if its region stays NHWC)."""
-    members = []
+    members: list[Node] = []
+    sinks: set[str] = set()
     for n in graph.nodes:
-        spec = spec_for(graph, n)
         if n.op == "Mul":
-            pos = blocked_operand(spec)
+            pos = blocked_operand(spec_for(graph, n))
             if pos is not None:
                 n.attrs[BLOCKED_OPERAND] = pos
                 members.append(n)
-        elif n.op in BLOCKED_OPS and takes_blocked(spec):
-            members.append(n)
-    sinks = {n.name for n in graph.nodes if n.op in BLOCKED_SINKS and takes_blocked(spec_for(graph, n))}
+        elif (n.op in BLOCKED_OPS or n.op in BLOCKED_SINKS) and takes_blocked(spec_for(graph, n)):
+            if n.op in BLOCKED_SINKS:
+                sinks.add(n.name)
+            else:
+                members.append(n)
     root = {n.name: n.name for n in members}
 
     def find(name: str) -> str:
@@ -60,6 +62,12 @@ def _regions(graph: Graph) -> tuple[list[list[Node]], set[str]]:
     for n in members:
         groups.setdefault(find(n.name), []).append(n)
     return list(groups.values()), sinks
+
+
+def _describe_like(graph: Graph, new: str, old: str) -> None:
+    """The blocked twin of a value has its logical (NHWC) dtype and shape."""
+    info = graph.values.get(old)
+    graph.values[new] = ValueInfo(new, info.dtype, info.shape) if info is not None else ValueInfo(new)
 
 
 def to_blocked(graph: Graph) -> Graph:
@@ -83,7 +91,7 @@ def to_blocked(graph: Graph) -> Graph:
         for v in entries:
             b = unique_name(f"{v}__blocked", taken)
             graph.nodes.append(Node("ToBlocked", b, [v], [b]))
-            graph.values[b] = ValueInfo(b, graph.values[v].dtype, graph.values[v].shape) if v in graph.values else ValueInfo(b)
+            _describe_like(graph, b, v)
             for n in region:
                 for i in _data_inputs(n):
                     if n.inputs[i] == v:
@@ -97,6 +105,5 @@ def to_blocked(graph: Graph) -> Graph:
                 if c.name in sinks and c.inputs[0] == v:
                     c.inputs[0] = b
             graph.nodes.append(Node("FromBlocked", unique_name(f"{v}__nhwc", taken), [b], [v]))
-            if v in graph.values:
-                graph.values[b] = ValueInfo(b, graph.values[v].dtype, graph.values[v].shape)
+            _describe_like(graph, b, v)
     return toposort(graph)
