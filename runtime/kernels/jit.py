@@ -363,50 +363,71 @@ if numba is not None:
         return (_types.int32(fn, a, b, c, d), _c_call_codegen(4)) if _words(fn, a, b, c, d) else None
 
 
+_EXP_LO, _EXP_HI = np.float32(-87.33654), np.float32(88.72283)  # exp's float32 range: 0 below, inf above
+
 if numba is not None:
+
+    @intrinsic
+    def _bits_as_float32(typingctx: Any, bits: Any) -> Any:
+        if isinstance(bits, _types.Integer) and bits.bitwidth == 32:
+            return _types.float32(bits), lambda context, builder, signature, args: builder.bitcast(args[0], _ir.FloatType())
+        return None
+
+    # exp(x) = 2^n e^r with r = x - n ln2 in [-ln2/2, ln2/2] and e^r a degree-7 polynomial (Cephes'
+    # expf coefficients, within 1 ulp): straight-line float32 code with no call, so a loop of it
+    # vectorizes, where numba's exp is a scalar libm call per element.
+    @njit(cache=True, inline="always", error_model="numpy")
+    def expf(x):
+        # the selects are ordered so that a NaN passes through them and the polynomial as NaN
+        c = _EXP_LO if x < _EXP_LO else x
+        c = _EXP_HI if c > _EXP_HI else c
+        t = c * np.float32(1.442695)
+        n = min(np.int32(t + (np.float32(0.5) if t >= 0 else np.float32(-0.5))), np.int32(127))
+        fn = np.float32(n)
+        r = c - fn * np.float32(0.693359375) + fn * np.float32(2.12194440e-4)
+        p = np.float32(1.9875691500e-4)
+        p = p * r + np.float32(1.3981999507e-3)
+        p = p * r + np.float32(8.3334519073e-3)
+        p = p * r + np.float32(4.1665795894e-2)
+        p = p * r + np.float32(1.6666665459e-1)
+        p = p * r + np.float32(5.0000001201e-1)
+        y = (p * r * r + r + np.float32(1.0)) * _bits_as_float32(np.int32((n + np.int32(127)) << np.int32(23)))
+        y = np.float32(np.inf) if x > _EXP_HI else y
+        return np.float32(0.0) if x < _EXP_LO else y
+
+    # Loops below run over a slice from 0, not over range(start, stop): an index that may be
+    # negative gets numba's wraparound select, which stops the loop vectorizing.
+    @njit(cache=True, nogil=True, error_model="numpy")
+    def _exp_flat(x, start, stop):
+        y = x[start:stop]
+        for i in range(y.size):
+            y[i] = expf(y[i])
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
-    def _softmax_rows(x, log, start, stop):
-        # in place over the rows of a 2-D array: one sweep for the max, one for exp and its sum
+    def _softmax_rows(flat, width, log, start, stop):
+        # in place over rows [start, stop) of a C-contiguous array seen flat: each row shifted by its
+        # max, then exp as one flat loop over the block (it vectorizes however short the rows are),
+        # then each row scaled by its sum (softmax) or shifted by its log (log-softmax)
         for r in range(start, stop):
-            row = x[r]
-            m = row[0]
-            for i in range(row.size):
-                m = max(m, row[i])
-            total = 0.0
-            if log:
-                for i in range(row.size):
-                    row[i] -= m
-                    total += np.exp(row[i])
-                shift = row.dtype.type(np.log(total))
-                for i in range(row.size):
-                    row[i] -= shift
-            else:
-                for i in range(row.size):
-                    e = np.exp(row[i] - m)
-                    row[i] = e
-                    total += e
-                inv = row.dtype.type(1.0 / total)
-                for i in range(row.size):
-                    row[i] *= inv
-
-
-if numba is not None:
-
-    @njit(cache=True, nogil=True)
-    def _shift_rows(x, start, stop):
-        for r in range(start, stop):
-            row = x[r]
+            row = flat[r * width:(r + 1) * width]
             m = row[0]
             for i in range(row.size):
                 m = max(m, row[i])
             for i in range(row.size):
                 row[i] -= m
-
-    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
-    def _normalize_rows(x, start, stop):
+        if log:
+            for r in range(start, stop):
+                row = flat[r * width:(r + 1) * width]
+                total = 0.0
+                for i in range(row.size):
+                    total += expf(row[i])
+                shift = row.dtype.type(np.log(total))
+                for i in range(row.size):
+                    row[i] -= shift
+            return
+        _exp_flat(flat, start * width, stop * width)
         for r in range(start, stop):
-            row = x[r]
+            row = flat[r * width:(r + 1) * width]
             total = 0.0
             for i in range(row.size):
                 total += row[i]
@@ -415,20 +436,14 @@ if numba is not None:
                 row[i] *= inv
 
 
-VECTOR_EXP_ELEMENTS = 4096  # above this NumPy's SIMD exp between two jitted passes beats scalar exp calls
+SOFTMAX_PASSES = 4  # the row passes are cheap: a thread hop pays only on tensors MIN_WORK_PER_THREAD x this large
 
 
 def softmax_rows(x: np.ndarray, log: bool) -> np.ndarray:
-    """(Log)softmax over the last axis of a C-contiguous float array, in place, one pass per row
-    for max and sum (NumPy's form allocates and sweeps four times: costly on small heads). On
-    large tensors exp runs as one NumPy SIMD pass between the jitted ones: numba's exp is scalar."""
-    rows = x.reshape(-1, x.shape[-1])
-    if log or rows.size < VECTOR_EXP_ELEMENTS:
-        run_split(_softmax_rows, (rows, log), rows.shape[0], rows.size)
-        return x
-    run_split(_shift_rows, (rows,), rows.shape[0], rows.size)
-    np.exp(rows, out=rows)
-    run_split(_normalize_rows, (rows,), rows.shape[0], rows.size)
+    """(Log)softmax over the last axis of a C-contiguous float32 array, in place (NumPy's form
+    allocates and sweeps four times: costly on small heads)."""
+    width = x.shape[-1]
+    run_split(_softmax_rows, (x.reshape(-1), width, log), x.size // width, x.size // SOFTMAX_PASSES)
     return x
 
 
@@ -454,32 +469,18 @@ if numba is not None:
                 dst[i] = (row[i] - m) * s * scale[i] + bias[i]
 
     @njit(cache=True, nogil=True, error_model="numpy")
-    def _gelu_exp_argument(x, out, start, stop):
+    def _gelu(x, out, start, stop):
+        # erf(|z|) = 1 - poly(t) exp(-z^2), t = 1 / (1 + p|z|) (Abramowitz & Stegun 7.1.26, within
+        # 1.5e-7): with expf inlined the whole loop vectorizes, one pass
         src, dst = x[start:stop], out[start:stop]
-        for i in range(src.size):
-            z = src[i] * np.float32(0.70710677)
-            dst[i] = -z * z
-
-    @njit(cache=True, nogil=True, error_model="numpy")
-    def _gelu_finish(x, e, start, stop):
-        # e holds exp(-z^2); erf(|z|) = 1 - poly(t) exp(-z^2), t = 1 / (1 + p|z|)
-        # error_model="numpy": no zero-division branch per element, so the loop vectorizes
-        src, dst = x[start:stop], e[start:stop]
         for i in range(src.size):
             v = src[i]
             a = abs(v) * np.float32(0.70710677)
             t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * a)
             poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)
                    + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
-            erf = np.float32(1.0) - poly * dst[i]
+            erf = np.float32(1.0) - poly * expf(-a * a)
             dst[i] = np.float32(0.5) * v * (np.float32(1.0) + (erf if v >= 0 else -erf))
-
-    @njit(cache=True, nogil=True)
-    def _gelu(x, out, start, stop):
-        src, dst = x[start:stop], out[start:stop]
-        for i in range(src.size):
-            v = src[i]
-            dst[i] = 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
 
 
 def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:
@@ -491,26 +492,14 @@ def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: flo
 
 
 def gelu(x: np.ndarray, out: np.ndarray | None) -> np.ndarray:
-    """GELU (erf form) of a float32 array. Small tensors: one pass with the C library's erf. Large
-    ones: erf by Abramowitz & Stegun 7.1.26 (as the NumPy path), its exp as one NumPy SIMD pass."""
+    """GELU (erf form) of a float32 array in one vectorized pass; `out` may be x itself."""
     flat = np.ascontiguousarray(x).reshape(-1)
     dst = np.empty_like(flat) if out is None else out.reshape(-1)
-    if flat.size < VECTOR_EXP_ELEMENTS:
-        run_split(_gelu, (flat, dst), flat.size, flat.size)
-    else:
-        if np.may_share_memory(flat, dst):  # in place: the passes park exp's argument in dst, x is still needed
-            dst = np.empty_like(flat)
-        run_split(_gelu_vector_exp, (flat, dst), flat.size, flat.size // GELU_PASSES)
+    run_split(_gelu, (flat, dst), flat.size, flat.size // GELU_PASSES)
     return dst.reshape(x.shape)
 
 
-GELU_PASSES = 4  # the three passes of a slice cost less than one thread hop below MIN_WORK_PER_THREAD x this
-
-
-def _gelu_vector_exp(flat: np.ndarray, dst: np.ndarray, start: int, stop: int) -> None:
-    _gelu_exp_argument(flat, dst, start, stop)
-    np.exp(dst[start:stop], out=dst[start:stop])
-    _gelu_finish(flat, dst, start, stop)
+GELU_PASSES = 2  # a pass of polynomials: a thread hop pays only on tensors MIN_WORK_PER_THREAD x this large
 
 
 ROW_VECTOR_MIN_WIDTH = 256  # narrower rows are widened (the vector tiled) so the inner loop vectorizes
