@@ -44,6 +44,30 @@ def check_feeds(specs: list[TensorSpec], feeds: Mapping[str, Any]) -> dict[str, 
     return out
 
 
+class FeedCheck:
+    """check_feeds for one model's inputs, with the common case (exactly the declared inputs, each
+    an array of the right dtype and shape) decided in one pass over precomputed expectations; any
+    other feeds go through check_feeds, which names what is wrong."""
+
+    def __init__(self, specs: list[TensorSpec]) -> None:
+        self.specs = specs
+        self._expected = [(t.name, np.dtype(t.dtype), len(t.shape), [(i, d) for i, d in enumerate(t.shape) if d != -1])
+                          for t in specs]
+
+    def __call__(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        if type(feeds) is dict and len(feeds) == len(self._expected):
+            for name, dtype, ndim, fixed in self._expected:
+                x = feeds.get(name)
+                if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != ndim or not x.size:
+                    break
+                shape = x.shape
+                if any(shape[i] != d for i, d in fixed):
+                    break
+            else:
+                return dict(feeds)
+        return check_feeds(self.specs, feeds)
+
+
 def _shape(shape: tuple[int, ...]) -> str:
     return "[" + ", ".join("?" if d == -1 else str(d) for d in shape) + "]"
 
@@ -70,12 +94,13 @@ class Model:
         self._exe = executable
         self._input_order = graph_inputs
         self._output_names = graph_outputs
+        self._check_feeds = FeedCheck(self.inputs)
 
     def __repr__(self) -> str:
         return f"Model({self.name!r}, version={self.version!r}, device={self.device!r})"
 
     def validate_inputs(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
-        return check_feeds(self.inputs, feeds)
+        return self._check_feeds(feeds)
 
     def _run_checked(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         results = self._exe.run([feeds[n] for n in self._input_order])

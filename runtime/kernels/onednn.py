@@ -326,7 +326,7 @@ def _aligned(nbytes: int) -> np.ndarray:
 class _Memories:
     """One thread's memory objects for a primitive's arguments, plus its packed argument list."""
 
-    def __init__(self, slots: list[tuple[int, Any]], ptrs: list[int], scratch_bytes: int, scratch_md: Any) -> None:
+    def __init__(self, handle: int, slots: list[tuple[int, Any]], ptrs: list[int], scratch_bytes: int, scratch_md: Any) -> None:
         self.scratch = _aligned(scratch_bytes) if scratch_bytes else None  # user scratchpad: per thread, so calls never share it
         if self.scratch is not None:
             slots = slots + [(_ARG_SCRATCHPAD, scratch_md)]
@@ -334,9 +334,10 @@ class _Memories:
         self.ptrs = list(ptrs)
         self.stream = _library().stream()
         self.packed = (_ExecArg * len(slots))(*[_ExecArg(a, m.value) for (a, _), m in zip(slots, self.mems)])
-        # what _execute_io needs besides the two arrays, when slots 0 and 1 are source and destination
-        self.io: tuple[int, ...] = (self.stream.value or 0, len(slots), ctypes.addressof(self.packed),
-                                    self.mems[0].value or 0, self.mems[1].value or 0)
+        # what _execute_io needs besides the two arrays, when slots 0 and 1 are source and destination:
+        # one array, as a jitted call's dispatch costs per argument
+        self.io = np.array([*_C_FUNCTIONS, handle, self.stream.value or 0, len(slots), ctypes.addressof(self.packed),
+                            self.mems[0].value or 0, self.mems[1].value or 0], dtype=np.int64)
 
     def __del__(self) -> None:
         if _lib is not None:
@@ -347,23 +348,24 @@ class _Memories:
 if jit.AVAILABLE and _lib is not None:
 
     @jit.njit(cache=True, nogil=True)
-    def _execute_io(fns, prim, stream, nargs, packed, mem_src, mem_dst, src, dst):
+    def _execute_io(io, src, dst):
         # One compiled call for what costs five Python-level ctypes calls: point the bound source
-        # and destination memories at this call's arrays, execute, wait.
-        set_handle, execute, wait = fns
-        status = jit.c_call2(set_handle, mem_src, src.ctypes.data)
+        # and destination memories at this call's arrays, execute, wait. io: the three functions,
+        # then primitive, stream, argument count, packed arguments, source and destination memories.
+        status = jit.c_call2(io[0], io[7], src.ctypes.data)
         if status == 0:
-            status = jit.c_call2(set_handle, mem_dst, dst.ctypes.data)
+            status = jit.c_call2(io[0], io[8], dst.ctypes.data)
         if status == 0:
-            status = jit.c_call4(execute, prim, stream, nargs, packed)
+            status = jit.c_call4(io[1], io[3], io[4], io[5], io[6])
         if status == 0:
-            status = jit.c_call1(wait, stream)
+            status = jit.c_call1(io[2], io[4])
         return status
 
     _C_FUNCTIONS = tuple(ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value or 0 for name in (
         "dnnl_memory_set_data_handle", "dnnl_primitive_execute", "dnnl_stream_wait"))
 else:
     _execute_io = None
+    _C_FUNCTIONS = ()
 
 
 class _Primitive:
@@ -396,7 +398,7 @@ class _Primitive:
         lib = _lib
         bound: _Memories | None = getattr(self._local, "bound", None)
         if bound is None:
-            bound = self._local.bound = _Memories(self.slots, ptrs, self.scratch_bytes, self.scratch_md)
+            bound = self._local.bound = _Memories(self.handle.value or 0, self.slots, ptrs, self.scratch_bytes, self.scratch_md)
         else:
             for i, ptr in enumerate(ptrs):
                 if i < 2 or bound.ptrs[i] != ptr:  # execute_io moves slots 0 and 1 without updating ptrs
@@ -412,7 +414,7 @@ class _Primitive:
         if bound is None or _execute_io is None:
             self.execute([src.ctypes.data, dst.ctypes.data, *consts])
             return
-        _check(_execute_io(_C_FUNCTIONS, self.handle.value, *bound.io, src, dst), "primitive_execute")
+        _check(_execute_io(bound.io, src, dst), "primitive_execute")
 
     def __del__(self) -> None:
         if _lib is not None:

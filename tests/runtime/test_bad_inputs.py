@@ -127,3 +127,40 @@ async def test_bad_input_fails_infer_the_same_way(model) -> None:  # type: ignor
     with pytest.raises(InputError, match="input 'ids': expected dtype int32, got int64"):
         await model.infer(feeds)
     assert set(model.predict(good_feeds(model))) == {"logits", "score"}  # still usable afterwards
+
+
+def test_fast_feed_check_decides_as_check_feeds(model) -> None:  # type: ignore[no-untyped-def]
+    """Model.validate_inputs takes a shortcut for well-formed feeds; on every kind of feed it must
+    accept what check_feeds accepts and fail with check_feeds' own message otherwise."""
+    from kubetrt.runtime.model import FeedCheck, check_feeds
+
+    good = good_feeds(model)
+    first, spec = next(iter(good)), model.inputs[0]
+    fixed_axis = next((i for i, d in enumerate(spec.shape) if d != -1), None)
+    variants: list[object] = [
+        good,
+        good_feeds(model, batch=5),
+        {**good, "extra": good[first]},
+        {k: v for k, v in good.items() if k != first},
+        {**good, first: good[first].astype(np.float64)},
+        {**good, first: good[first][None]},
+        {**good, first: np.zeros([0] + list(good[first].shape[1:]), good[first].dtype)},
+        {**good, first: good[first].tolist()},
+        {**good, first: np.ma.masked_array(good[first])},  # an ndarray subclass: check_feeds' call
+        list(good.values()),
+    ]
+    if fixed_axis is not None:
+        wrong = list(good[first].shape)
+        wrong[fixed_axis] += 1
+        variants.append({**good, first: np.zeros(wrong, good[first].dtype)})
+    fast = FeedCheck(model.inputs)
+    for feeds in variants:
+        try:
+            want = check_feeds(model.inputs, feeds)  # type: ignore[arg-type]
+        except InputError as e:
+            with pytest.raises(InputError) as got:
+                fast(feeds)  # type: ignore[arg-type]
+            assert str(got.value) == str(e)
+        else:
+            got_feeds = fast(feeds)  # type: ignore[arg-type]
+            assert got_feeds.keys() == want.keys() and all(got_feeds[k] is want[k] for k in want)
