@@ -157,20 +157,46 @@ def concat(spec: KernelSpec) -> Run:
     return lambda *xs: (np.concatenate(xs, axis=axis),)
 
 
-@register("Split", lambda s: unknown_outputs(s), params=frozenset({1}))
+SPLIT_SHAPES_KEPT = 64  # input shapes whose slices a Split keeps (dynamic dims bring new ones)
+
+
+def _split_shapes(spec: KernelSpec) -> OutputShapes:
+    x = spec.shapes[0]
+    if x is None:
+        return unknown_outputs(spec)
+    axis = norm_axis(spec.attr("axis", 0), len(x))
+    sizes = spec.const(1) if spec.has(1) else spec.attr("split")
+    if sizes is None:
+        if x[axis] == -1 or spec.has(1):  # sizes computed at run time
+            return unknown_outputs(spec)
+        size = -(-x[axis] // spec.n_outputs)
+        sizes = [min(size, x[axis] - i * size) for i in range(spec.n_outputs)]
+    return [(tuple(x[:axis]) + (int(d),) + tuple(x[axis + 1:]), spec.dtypes[0]) for d in sizes]
+
+
+@register("Split", _split_shapes, params=frozenset({1}))
 def split(spec: KernelSpec) -> Run:
     axis = spec.attr("axis", 0)
     attr_split = spec.attr("split")
+    const_split = ints(spec.const(1)) if spec.has(1) and spec.const(1) is not None else None
     n = spec.n_outputs
+    # views of the input, as np.split makes them, without its per-call bookkeeping
+    cut: dict[tuple[tuple[int, ...], tuple[int, ...]], list[tuple[slice, ...]]] = {}
 
     def run(x: np.ndarray, sizes: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-        parts = ints(sizes) if sizes is not None else attr_split
+        parts = const_split if const_split is not None else ints(sizes) if sizes is not None else attr_split
         a = norm_axis(axis, x.ndim)
         if parts is None:
             size = -(-x.shape[a] // n)
             parts = [min(size, x.shape[a] - i * size) for i in range(n)]
-        idx = np.cumsum(parts)[:-1]
-        return tuple(np.split(x, idx, axis=a))
+        key = (x.shape, tuple(parts))
+        index = cut.get(key)
+        if index is None:
+            if len(cut) >= SPLIT_SHAPES_KEPT:
+                cut.clear()
+            bounds = np.concatenate([[0], np.cumsum(parts)]).tolist()
+            index = cut[key] = [(slice(None),) * a + (slice(lo, hi),) for lo, hi in zip(bounds[:-1], bounds[1:])]
+        return tuple(x[i] for i in index)
 
     return run
 

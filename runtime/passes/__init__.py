@@ -7,11 +7,12 @@ from .dce import eliminate_dead_nodes
 from .fusion import fuse
 from .blocked import to_blocked
 from .layout import to_nhwc
+from .siblings import merge_sibling_matmuls
 from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views
 
-PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "to_nhwc",
+PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "merge_sibling_matmuls", "to_nhwc",
             "collapse_views", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
 
@@ -28,7 +29,8 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     if fusion:
         toposort(fuse(graph))
     quantization.requantize(graph)  # also clears what prepare noted for it
-    if fusion and layout:
+    if fusion and layout:  # host kernels: device runtimes keep their matmuls as they are
+        merge_sibling_matmuls(graph)
         infer_shapes(graph)
         toposort(to_nhwc(graph))
     if fusion:
@@ -42,4 +44,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "to_nhwc", "to_blocked", "collapse_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "to_nhwc", "to_blocked", "collapse_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
