@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .registry import ints, OutputShapes, KernelSpec, Run, norm_axis, register, unknown_outputs
+from .registry import TRANSPOSE_VIEW, ints, OutputShapes, KernelSpec, Run, norm_axis, register, unknown_outputs
 
 
 
@@ -68,6 +68,8 @@ def _transpose_shape(spec: KernelSpec) -> OutputShapes:
 @register("Transpose", _transpose_shape)
 def transpose(spec: KernelSpec) -> Run:
     perm = spec.attr("perm")
+    if spec.attr(TRANSPOSE_VIEW, False):
+        return lambda x: (np.transpose(x, perm),)
     # A contiguous result keeps later BLAS calls and reshapes cheap.
     return lambda x: (np.ascontiguousarray(np.transpose(x, perm)),)
 

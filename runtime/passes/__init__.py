@@ -10,10 +10,10 @@ from .layout import to_nhwc
 from .siblings import merge_sibling_matmuls
 from . import quantization
 from .shape_inference import infer_shapes
-from .views import collapse_views
+from .views import collapse_views, matmul_operands_as_views
 
 PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "merge_sibling_matmuls", "to_nhwc",
-            "collapse_views", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
+            "collapse_views", "matmul_operands_as_views", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
 
 def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
@@ -37,6 +37,7 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
         infer_shapes(graph)
         collapse_views(graph)
     if fusion and layout:
+        matmul_operands_as_views(graph)
         infer_shapes(graph)
         to_blocked(graph)
     eliminate_dead_nodes(graph)
@@ -44,4 +45,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "to_nhwc", "to_blocked", "collapse_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

@@ -12,6 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Graph, Node, unique_name
+from ..kernels.registry import TRANSPOSE_VIEW
 
 RESHAPES = {"Reshape", "Squeeze", "Unsqueeze", "Flatten"}
 
@@ -64,4 +65,20 @@ def collapse_views(graph: Graph) -> Graph:
         kept.append(Node("Reshape", node.name, [src, target], [out]))
         viewed[out] = src
     graph.nodes = kept
+    return graph
+
+
+def matmul_operands_as_views(graph: Graph) -> Graph:
+    """A Transpose that keeps its batch axes and is read only by MatMuls of two activations (an
+    attention's K^T, its V) is left a view: BLAS reads a transposed operand in place, which
+    costs nothing next to the copy."""
+    consumers = graph.consumers()
+    outputs = graph.output_names()
+    for node in graph.nodes:
+        perm = node.attrs.get("perm") if node.op == "Transpose" else None
+        if perm is None or list(perm[:-2]) != list(range(len(perm) - 2)) or node.outputs[0] in outputs:
+            continue
+        readers = consumers.get(node.outputs[0], [])
+        if readers and all(r.op == "MatMul" and not any(i in graph.constants for i in r.inputs) for r in readers):
+            node.attrs[TRANSPOSE_VIEW] = True
     return graph

@@ -60,3 +60,41 @@ def test_reshape_chain_reads_the_first_input() -> None:
     feeds = {"x": f32(4, 6)}
     consts = {"s1": i64(2, 12), "ax": i64(0), "s2": i64(3, 8)}
     assert kernels_and_check(make_model(nodes, feeds, ["y"], consts), feeds) == ["Reshape"]
+
+
+def _transposes_returning_views(model, feeds) -> list[bool]:  # type: ignore[no-untyped-def]
+    """For each Transpose the plan runs: whether its result shares its input's memory."""
+    from kubetrt.runtime.devices.host import RUNTIME
+
+    graph = from_proto(model)
+    plan = RUNTIME.prepare(graph, {})
+    ops = {k.id: k.op for k in plan.prog.kernels}
+    seen: list[bool] = []
+
+    def watched(run, op):  # type: ignore[no-untyped-def]
+        def step(*args):  # type: ignore[no-untyped-def]
+            out = run(*args)
+            if op == "Transpose":
+                seen.append(np.shares_memory(out[0], args[0]))
+            return out
+        return step
+
+    plan.steps = [(watched(r, ops[kid]), a, b, c, kid) for r, a, b, c, kid in plan.steps]
+    for got, want in zip(plan.run([feeds[v.name] for v in graph.inputs]), run_ort(model, feeds)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    return seen
+
+
+def test_a_transpose_only_matmuls_read_stays_a_view() -> None:
+    """Attention's scores: q @ k^T, the transpose read only by the matmul, so never copied."""
+    nodes = [node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), node("MatMul", ["q", "kt"], ["y"])]
+    feeds = {"q": f32(4, 5, 8), "k": f32(4, 6, 8)}
+    assert _transposes_returning_views(make_model(nodes, feeds, ["y"]), feeds) == [True]
+
+
+def test_a_transpose_something_else_reads_or_that_moves_batch_axes_is_copied() -> None:
+    nodes = [node("Transpose", ["k"], ["kt"], perm=[0, 2, 1]), node("MatMul", ["q", "kt"], ["s"]),
+             node("Relu", ["kt"], ["r"]), node("ReduceSum", ["r"], ["y2"], keepdims=0),
+             node("Transpose", ["k"], ["kb"], perm=[2, 0, 1]), node("ReduceSum", ["kb"], ["y3"], keepdims=0)]
+    feeds = {"q": f32(4, 5, 8), "k": f32(4, 6, 8)}
+    assert _transposes_returning_views(make_model(nodes, feeds, ["s", "y2", "y3"]), feeds) == [False, False]
