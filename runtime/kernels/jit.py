@@ -404,17 +404,17 @@ if numba is not None:
             y[i] = expf(y[i])
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
-    def _softmax_rows(flat, width, log, start, stop):
-        # in place over rows [start, stop) of a C-contiguous array seen flat: each row shifted by its
-        # max, then exp as one flat loop over the block (it vectorizes however short the rows are),
-        # then each row scaled by its sum (softmax) or shifted by its log (log-softmax)
+    def _softmax_rows(flat, width, log, scale, start, stop):
+        # in place over rows [start, stop) of a C-contiguous array seen flat: each row scaled and
+        # shifted by its max, then exp as one flat loop over the block (it vectorizes however short
+        # the rows are), then each row scaled by its sum (softmax) or shifted by its log (log-softmax)
         for r in range(start, stop):
             row = flat[r * width:(r + 1) * width]
-            m = row[0]
+            m = row[0] * scale
             for i in range(row.size):
-                m = max(m, row[i])
+                m = max(m, row[i] * scale)
             for i in range(row.size):
-                row[i] -= m
+                row[i] = row[i] * scale - m
         if log:
             for r in range(start, stop):
                 row = flat[r * width:(r + 1) * width]
@@ -439,11 +439,11 @@ if numba is not None:
 SOFTMAX_PASSES = 4  # the row passes are cheap: a thread hop pays only on tensors MIN_WORK_PER_THREAD x this large
 
 
-def softmax_rows(x: np.ndarray, log: bool) -> np.ndarray:
-    """(Log)softmax over the last axis of a C-contiguous float32 array, in place (NumPy's form
-    allocates and sweeps four times: costly on small heads)."""
+def softmax_rows(x: np.ndarray, log: bool, scale: float = 1.0) -> np.ndarray:
+    """(Log)softmax of scale * x over the last axis of a C-contiguous float32 array, in place
+    (NumPy's form allocates and sweeps four times: costly on small heads)."""
     width = x.shape[-1]
-    run_split(_softmax_rows, (x.reshape(-1), width, log), x.size // width, x.size // SOFTMAX_PASSES)
+    run_split(_softmax_rows, (x.reshape(-1), width, log, x.dtype.type(scale)), x.size // width, x.size // SOFTMAX_PASSES)
     return x
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
-from .registry import ints, OutputShapes, KernelSpec, Run, norm_axis, register, same_as_input
+from .registry import SOFTMAX_SCALE, ints, OutputShapes, KernelSpec, Run, norm_axis, register, same_as_input
 
 
 def _reduce_axes(spec: KernelSpec, axes_in: np.ndarray | None, ndim: int) -> tuple[int, ...] | None:
@@ -80,11 +80,14 @@ def softmax(spec: KernelSpec) -> Run:
     axis = spec.attr("axis", -1)
     inplace = 0 in spec.inplace
     log = spec.op == "LogSoftmax"
+    scale = float(spec.attr(SOFTMAX_SCALE, 1.0))
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         y = x if inplace and x.flags.writeable and x.flags.c_contiguous else x.astype(x.dtype, copy=True)
         if jit.AVAILABLE and y.dtype == np.float32 and y.size and norm_axis(axis, y.ndim) == y.ndim - 1:
-            return (jit.softmax_rows(y, log),)
+            return (jit.softmax_rows(y, log, scale),)
+        if scale != 1.0:
+            y *= y.dtype.type(scale)
         if log:
             y -= y.max(axis=axis, keepdims=True)
             y -= np.log(np.exp(y).sum(axis=axis, keepdims=True))

@@ -26,6 +26,8 @@ BLOCKED_OPERAND = "kubetrt:blocked_operand"
 # A Transpose marked so returns a view of its input, not a copy: its readers are all matmuls,
 # which take a strided operand as it is (passes/views.py `matmul_operands_as_views`).
 TRANSPOSE_VIEW = "kubetrt:view"
+# A Softmax marked so reads its input times this constant (passes/fusion.py `fold_scale_into_softmax`).
+SOFTMAX_SCALE = "kubetrt:scale"
 
 
 Shape = tuple[int, ...] | None  # None = unknown rank; -1 = unknown dim

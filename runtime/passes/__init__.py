@@ -4,7 +4,7 @@ from __future__ import annotations
 from ..graph import Graph, toposort
 from .constant_folding import fold_constants
 from .dce import eliminate_dead_nodes
-from .fusion import fuse
+from .fusion import fold_scale_into_softmax, fuse
 from .blocked import to_blocked
 from .layout import to_nhwc
 from .siblings import merge_sibling_matmuls
@@ -12,7 +12,8 @@ from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views, matmul_operands_as_views
 
-PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "merge_sibling_matmuls", "to_nhwc",
+PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "merge_sibling_matmuls",
+            "fold_scale_into_softmax", "to_nhwc",
             "collapse_views", "matmul_operands_as_views", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
 
@@ -31,6 +32,7 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     quantization.requantize(graph)  # also clears what prepare noted for it
     if fusion and layout:  # host kernels: device runtimes keep their matmuls as they are
         merge_sibling_matmuls(graph)
+        fold_scale_into_softmax(graph)
         infer_shapes(graph)
         toposort(to_nhwc(graph))
     if fusion:
@@ -45,4 +47,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

@@ -13,6 +13,7 @@ import numpy as np
 
 from ..graph import Graph, Node, ValueInfo, unique_name
 from ..kernels.activations import FUSABLE
+from ..kernels.registry import SOFTMAX_SCALE
 
 
 class _Index:
@@ -197,6 +198,69 @@ def fuse_epilogues(graph: Graph) -> bool:
     return False
 
 
+def fuse_residual_through_reshape(graph: Graph) -> bool:
+    """FusedMatMul -> Reshape -> Add(residual): the matmul sums the residual, reshaped to its own
+    rows, and the Reshape moves after it (a transformer's feed-forward output, computed on
+    (batch*seq, d) rows and added back to (batch, seq, d) activations). A reshape keeps the element
+    order, so the sum is the same; the Add and its pass over the tensor are gone."""
+    idx = _Index(graph)
+    for mm in graph.nodes:
+        if mm.op != "FusedMatMul" or len(mm.inputs) != 3 or mm.attrs.get("activation"):
+            continue
+        reshape = idx.sole_user(mm.outputs[0])
+        add = idx.sole_user(reshape.outputs[0]) if reshape is not None and reshape.op == "Reshape" else None
+        if add is None or add.op != "Add" or len(add.inputs) != 2 or reshape.outputs[0] not in add.inputs:
+            continue
+        other = add.inputs[1] if add.inputs[0] == reshape.outputs[0] else add.inputs[0]
+        rows, theirs = graph.values.get(mm.outputs[0]), graph.values.get(other)
+        reshaped = graph.values.get(reshape.outputs[0])
+        if rows is None or theirs is None or reshaped is None or rows.shape is None or theirs.shape is None \
+                or theirs.shape != reshaped.shape or sum(d == -1 for d in rows.shape) > 1 or any(d == 0 for d in rows.shape) \
+                or any(d < -1 for d in rows.shape) or theirs.dtype != rows.dtype:
+            continue
+        taken = graph.value_names()
+        as_rows = unique_name(f"{other}:as_rows", taken)
+        shape = _add_const(graph, np.array(rows.shape, np.int64), f"{as_rows}_shape")
+        graph.nodes.insert(graph.nodes.index(mm), Node("Reshape", unique_name(f"{mm.name}/residual_rows", taken), [other, shape], [as_rows]))
+        graph.values[as_rows] = ValueInfo(as_rows, rows.dtype, rows.shape)
+        mm.inputs = mm.inputs + [as_rows]
+        reshape.outputs = [add.outputs[0]]
+        graph.nodes.remove(add)
+        return True
+    return False
+
+
+def fold_scale_into_softmax(graph: Graph) -> Graph:
+    """Mul (or Div) by a scalar constant whose only reader is a (Log)Softmax: the softmax scales
+    as it reads (attention's 1/sqrt(d) on its scores), one pass over the tensor fewer. A host
+    kernel attribute (SOFTMAX_SCALE), so only the host pipeline runs this."""
+    idx = _Index(graph)
+    for node in list(graph.nodes):
+        if node.op not in ("Mul", "Div") or len(node.inputs) != 2:
+            continue
+        user = idx.sole_user(node.outputs[0])
+        if user is None or user.op not in ("Softmax", "LogSoftmax") or SOFTMAX_SCALE in user.attrs:
+            continue
+        c = _const(graph, node.inputs[1])
+        x = graph.values.get(node.inputs[0])
+        if c is None and node.op == "Mul":
+            c, x = _const(graph, node.inputs[0]), graph.values.get(node.inputs[1])
+            src = node.inputs[1]
+        else:
+            src = node.inputs[0]
+        if c is None or c.size != 1 or x is None or x.shape is None or c.ndim > len(x.shape) \
+                or x.dtype != np.float32 or c.dtype != np.float32 or src in graph.constants:
+            continue
+        value = float(c.reshape(-1)[0])
+        if node.op == "Div" and value == 0.0:
+            continue
+        user.attrs = {**user.attrs, SOFTMAX_SCALE: 1.0 / value if node.op == "Div" else value}
+        user.inputs = [src]
+        graph.nodes.remove(node)
+        idx.users = graph.consumers()
+    return graph
+
+
 def sink_reshape_below_activation(graph: Graph) -> bool:
     """MatMul -> Reshape -> activation becomes MatMul -> activation -> Reshape, which the epilogue
     fusion then takes: converters wrap a dense layer on a 3-D tensor (Keras Tensordot) as
@@ -248,7 +312,7 @@ def fuse(graph: Graph) -> Graph:
     from .recompose import recompose_gelu, recompose_layer_norm
 
     for rewrite in (recompose_gelu, recompose_layer_norm, fold_pad_into_conv, fold_affine_into_conv, fuse_silu,
-                    sink_reshape_below_activation, fuse_epilogues):
+                    sink_reshape_below_activation, fuse_epilogues, fuse_residual_through_reshape):
         while rewrite(graph):
             pass
     return graph
