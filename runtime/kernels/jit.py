@@ -369,7 +369,7 @@ if numba is not None:
 
     @intrinsic
     def _bits_as_float32(typingctx: Any, bits: Any) -> Any:
-        if isinstance(bits, _types.Integer) and bits.bitwidth == 32:
+        if isinstance(bits, _types.Integer) and getattr(bits, "bitwidth", 0) == 32:
             return _types.float32(bits), lambda context, builder, signature, args: builder.bitcast(args[0], _ir.FloatType())
         return None
 

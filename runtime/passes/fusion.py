@@ -208,8 +208,10 @@ def fuse_residual_through_reshape(graph: Graph) -> bool:
         if mm.op != "FusedMatMul" or len(mm.inputs) != 3 or mm.attrs.get("activation"):
             continue
         reshape = idx.sole_user(mm.outputs[0])
-        add = idx.sole_user(reshape.outputs[0]) if reshape is not None and reshape.op == "Reshape" else None
-        if add is None or add.op != "Add" or len(add.inputs) != 2 or reshape.outputs[0] not in add.inputs:
+        if reshape is None or reshape.op != "Reshape":
+            continue
+        add = idx.sole_user(reshape.outputs[0])
+        if add is None or add.op != "Add" or len(add.inputs) != 2:
             continue
         other = add.inputs[1] if add.inputs[0] == reshape.outputs[0] else add.inputs[0]
         rows, theirs = graph.values.get(mm.outputs[0]), graph.values.get(other)
