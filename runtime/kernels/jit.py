@@ -584,7 +584,6 @@ def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, ou
     return out
 
 
-
 if AVAILABLE:
 
     @njit(cache=True, nogil=True, error_model="numpy")

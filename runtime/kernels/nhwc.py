@@ -12,7 +12,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import activations, conv_gemm, jit, onednn, parallel
 from .nn import conv_geometry, geometry_by_input_size, make_epilogue, out_size
-from .registry import OutputShapes, KernelSpec, Run, register
+from .registry import OutputShapes, KernelSpec, Run, register, same_as_input
 
 
 TO_BLOCKED, FROM_BLOCKED = onednn.Reorder(to_blocked=True), onednn.Reorder(to_blocked=False)  # used only where oneDNN is
@@ -300,11 +300,7 @@ def global_pool_nhwc(spec: KernelSpec) -> Run:
     return run
 
 
-def _same_shape(spec: KernelSpec) -> OutputShapes:
-    return [(spec.shapes[0], spec.dtypes[0])]
-
-
-@register("ToBlocked", _same_shape)
+@register("ToBlocked", same_as_input)
 def to_blocked(spec: KernelSpec) -> Run:
     """Where a region of oneDNN kernels (passes/blocked.py) begins: from BLOCKED_MIN_BATCH images
     up the NHWC tensor is reordered into blocks, below it passes through and the region runs NHWC."""
@@ -317,7 +313,7 @@ def to_blocked(spec: KernelSpec) -> Run:
     return run
 
 
-@register("FromBlocked", _same_shape)
+@register("FromBlocked", same_as_input)
 def from_blocked(spec: KernelSpec) -> Run:
     """Where a blocked region ends: NHWC again for kernels that read it."""
 

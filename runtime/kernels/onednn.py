@@ -67,7 +67,6 @@ def unblocked_shape(blocked: tuple[int, ...]) -> tuple[int, int, int, int]:
     return (n, h, w, cb * b)
 
 
-
 class _ExecArg(ctypes.Structure):
     _fields_ = [("arg", ctypes.c_int), ("memory", ctypes.c_void_p)]
 
@@ -588,7 +587,6 @@ def _descriptor_with(mds: list[ctypes.c_void_p | None], create: Any) -> ctypes.c
                 _lib.dnnl_memory_desc_destroy(md)  # type: ignore[union-attr]
 
 
-
 _T = TypeVar("_T")
 
 
@@ -602,6 +600,7 @@ def _made_once(cache: dict[tuple[Any, ...], _T], lock: threading.Lock, key: tupl
             if found is None:
                 found = cache[key] = make()
     return found
+
 
 class Conv2D(_FusedOp):
     """A 2-D convolution (NHWC or NCHW activations, ONNX OIHW weights), grouped or not: float32,

@@ -162,6 +162,12 @@ def concat(spec: KernelSpec) -> Run:
 SPLIT_SHAPES_KEPT = 64  # input shapes whose slices a Split keeps (dynamic dims bring new ones)
 
 
+def _equal_parts(extent: int, n: int) -> list[int]:
+    """ONNX Split without sizes: n parts of ceil(extent / n), the last one what remains."""
+    size = -(-extent // n)
+    return [min(size, extent - i * size) for i in range(n)]
+
+
 def _split_shapes(spec: KernelSpec) -> OutputShapes:
     x = spec.shapes[0]
     if x is None:
@@ -171,8 +177,7 @@ def _split_shapes(spec: KernelSpec) -> OutputShapes:
     if sizes is None:
         if x[axis] == -1 or spec.has(1):  # sizes computed at run time
             return unknown_outputs(spec)
-        size = -(-x[axis] // spec.n_outputs)
-        sizes = [min(size, x[axis] - i * size) for i in range(spec.n_outputs)]
+        sizes = _equal_parts(x[axis], spec.n_outputs)
     return [(tuple(x[:axis]) + (int(d),) + tuple(x[axis + 1:]), spec.dtypes[0]) for d in sizes]
 
 
@@ -189,8 +194,7 @@ def split(spec: KernelSpec) -> Run:
         parts = const_split if const_split is not None else ints(sizes) if sizes is not None else attr_split
         a = norm_axis(axis, x.ndim)
         if parts is None:
-            size = -(-x.shape[a] // n)
-            parts = [min(size, x.shape[a] - i * size) for i in range(n)]
+            parts = _equal_parts(x.shape[a], n)
         key = (x.shape, tuple(parts))
         index = cut.get(key)
         if index is None:
