@@ -1,7 +1,7 @@
 """Build single-op and small ONNX graphs in memory and run them with onnxruntime as the reference."""
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -47,6 +47,40 @@ def run_kubetrt(model: onnx.ModelProto, feeds: dict[str, np.ndarray], executor: 
     graph = from_proto(model)
     exe = RUNTIME.prepare(graph, {"executor": executor})
     return exe.run([feeds[v.name] for v in graph.inputs])
+
+
+def run_plan(model: onnx.ModelProto, feeds: dict[str, np.ndarray],
+             on_step: Callable[[str, tuple[Any, ...], tuple[np.ndarray, ...]], None] | None = None) -> tuple[list[np.ndarray], list[str]]:
+    """The host plan's outputs and its kernels' ops in order: the plan compiled for these feeds'
+    shapes where the model computes shapes. `on_step(op, args, outputs)` sees every kernel call."""
+    from kubetrt.runtime.devices.host import RUNTIME
+    from kubetrt.runtime.onnx_import import from_proto
+
+    graph = from_proto(model)
+    plan = RUNTIME.prepare(graph, {})
+    args = [feeds[v.name] for v in graph.inputs]
+    plan = plan.specialized(args) if hasattr(plan, "specialized") else plan
+    if on_step is not None:
+        ops = {k.id: k.op for k in plan.prog.kernels}
+
+        def watched(run: Any, op: str) -> Any:
+            def step(*step_args: Any) -> Any:
+                out = run(*step_args)
+                on_step(op, step_args, out)
+                return out
+            return step
+
+        plan.steps = [(watched(r, ops[kid]), a, b, c, kid) for r, a, b, c, kid in plan.steps]
+    return plan.run(args), [k.op for k in plan.prog.kernels]
+
+
+def plan_ops_matching_ort(model: onnx.ModelProto, feeds: dict[str, np.ndarray], tol: float) -> list[str]:
+    """run_plan's ops, once its outputs have matched onnxruntime's within `tol` (rtol and atol)."""
+    outputs, ops = run_plan(model, feeds)
+    for got, want in zip(outputs, run_ort(model, feeds)):
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=tol, atol=tol)
+    return ops
 
 
 def node(op: str, inputs: list[str], outputs: list[str] | None = None, **attrs: Any) -> onnx.NodeProto:

@@ -11,7 +11,7 @@ import pytest
 from kubetrt.runtime.devices.host import RUNTIME
 from kubetrt.runtime.kernels import onednn
 from kubetrt.runtime.onnx_import import from_proto
-from onnx_cases import make_model, node, run_ort
+from onnx_cases import make_model, node, run_ort, run_plan
 
 pytestmark = pytest.mark.skipif(not onednn.AVAILABLE, reason="oneDNN is a base dependency; without it no region forms")
 
@@ -25,20 +25,13 @@ def f32(*shape: int) -> np.ndarray:
 
 def run_observed(model: Any, x: np.ndarray) -> tuple[list[np.ndarray], dict[str, tuple[int, ...]]]:
     """The plan's outputs, and the shape of what each kernel returned (op -> last shape seen)."""
-    graph = from_proto(model)
-    plan = RUNTIME.prepare(graph, {})
     seen: dict[str, tuple[int, ...]] = {}
 
-    def watched(run: Any, op: str) -> Any:
-        def step(*args: Any) -> Any:
-            out = run(*args)
-            seen[op] = np.shape(out[0])
-            return out
-        return step
+    def on_step(op: str, args: tuple[Any, ...], out: tuple[np.ndarray, ...]) -> None:
+        seen[op] = np.shape(out[0])
 
-    ops = {k.id: k.op for k in plan.prog.kernels}
-    plan.steps = [(watched(r, ops[kid]), a, b, c, kid) for r, a, b, c, kid in plan.steps]
-    return plan.run([x]), seen
+    outputs, _ = run_plan(model, {"x": x}, on_step)
+    return outputs, seen
 
 
 def check(model: Any, batch: int) -> dict[str, tuple[int, ...]]:

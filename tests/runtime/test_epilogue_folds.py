@@ -9,9 +9,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kubetrt.runtime.devices.host import RUNTIME
-from kubetrt.runtime.onnx_import import from_proto
-from onnx_cases import make_model, node, run_ort
+from onnx_cases import make_model, node, plan_ops_matching_ort
 
 rng = np.random.default_rng(23)
 
@@ -21,14 +19,7 @@ def f32(*shape: int) -> np.ndarray:
 
 
 def kernels_and_check(model: Any, feeds: dict[str, np.ndarray]) -> list[str]:
-    graph = from_proto(model)
-    plan = RUNTIME.prepare(graph, {})
-    args = [feeds[v.name] for v in graph.inputs]
-    plan = plan.specialized(args) if hasattr(plan, "specialized") else plan
-    for got, want in zip(plan.run(args), run_ort(model, feeds)):
-        assert got.shape == want.shape
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    return [k.op for k in plan.prog.kernels]
+    return plan_ops_matching_ort(model, feeds, tol=1e-5)
 
 
 @pytest.mark.parametrize("op,c,softmax", [("Mul", 0.25, "Softmax"), ("Div", 8.0, "Softmax"), ("Mul", -1.5, "Softmax"),

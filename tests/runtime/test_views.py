@@ -7,7 +7,7 @@ import pytest
 
 from kubetrt.runtime.onnx_import import from_proto
 from kubetrt.runtime.program import compile_graph
-from onnx_cases import make_model, node, run_kubetrt, run_ort
+from onnx_cases import make_model, node, run_kubetrt, run_ort, run_plan
 
 rng = np.random.default_rng(11)
 
@@ -64,23 +64,14 @@ def test_reshape_chain_reads_the_first_input() -> None:
 
 def _transposes_returning_views(model, feeds) -> list[bool]:  # type: ignore[no-untyped-def]
     """For each Transpose the plan runs: whether its result shares its input's memory."""
-    from kubetrt.runtime.devices.host import RUNTIME
-
-    graph = from_proto(model)
-    plan = RUNTIME.prepare(graph, {})
-    ops = {k.id: k.op for k in plan.prog.kernels}
     seen: list[bool] = []
 
-    def watched(run, op):  # type: ignore[no-untyped-def]
-        def step(*args):  # type: ignore[no-untyped-def]
-            out = run(*args)
-            if op == "Transpose":
-                seen.append(np.shares_memory(out[0], args[0]))
-            return out
-        return step
+    def on_step(op, args, out):  # type: ignore[no-untyped-def]
+        if op == "Transpose":
+            seen.append(np.shares_memory(out[0], args[0]))
 
-    plan.steps = [(watched(r, ops[kid]), a, b, c, kid) for r, a, b, c, kid in plan.steps]
-    for got, want in zip(plan.run([feeds[v.name] for v in graph.inputs]), run_ort(model, feeds)):
+    outputs, _ = run_plan(model, feeds, on_step)
+    for got, want in zip(outputs, run_ort(model, feeds)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     return seen
 
