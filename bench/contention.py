@@ -27,7 +27,7 @@ sys.path.insert(0, str(HERE))
 import runtime as bench  # noqa: E402  (bench/runtime.py: its worker, spawn and zoo access)
 
 CONDITIONS = ("alone", "busy-core", "same-process")
-# kubetrt with its oneDNN calls always on the OpenMP team (no onednn.TeamChoice)
+# kubetrt with its OpenMP kernels always on the whole team (no omp.TeamChoice)
 VARIANTS = {"kubetrt-static": ("kubetrt", {"KUBETRT_ONEDNN_TEAMS": "static"})}
 
 

@@ -351,6 +351,10 @@ if numba is not None:
     # jitted caller takes addresses as arguments and stays cacheable (a ctypes function object
     # in its globals would not be). x86-64 and aarch64 pass an int in a 64-bit register alike.
     @intrinsic
+    def c_call0(typingctx: Any, fn: Any) -> Any:
+        return (_types.int32(fn), _c_call_codegen(0)) if _words(fn) else None
+
+    @intrinsic
     def c_call1(typingctx: Any, fn: Any, a: Any) -> Any:
         return (_types.int32(fn, a), _c_call_codegen(1)) if _words(fn, a) else None
 

@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import activations, jit, onednn, parallel
+from . import activations, jit, onednn, parallel, sgemm
 from .registry import OutputShapes, KernelSpec, Run, register
 
 
@@ -319,7 +319,7 @@ def matmul(spec: KernelSpec) -> Run:
     """FusedMatMul(a, b, bias, [residual]) = act(a @ b + bias + residual)."""
     epilogue = make_epilogue(spec)
     b_const = spec.const(1)
-    dense = onednn.dense_for_node(spec, b_const)
+    dense = sgemm.dense_for_node(spec, b_const) or onednn.dense_for_node(spec, b_const)
     residual_inplace = 3 in spec.inplace
     b_fast = None if b_const is None else np.ascontiguousarray(b_const)
 
@@ -340,11 +340,11 @@ def matmul(spec: KernelSpec) -> Run:
     if dense is not None:
         n_out = b_const.shape[1]  # type: ignore[union-attr]
 
-        def run_onednn(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+        def run_dense(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
             if a.size * n_out < onednn.MIN_DENSE_MACS:  # e.g. a 64x10 classifier head: NumPy's call is cheaper
                 return run(a, b, bias, residual)
             return (dense(a, residual, overwrite_residual=residual_inplace),)
-        return run_onednn
+        return run_dense
     return run
 
 

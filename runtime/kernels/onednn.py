@@ -10,8 +10,8 @@ up by name through the library's own *2str functions, so no header is needed at 
 KUBETRT_CONV=gemm turns it off.
 
 Threads: oneDNN runs its OpenMP team inside each call (cheap hand-offs; a hop through the runtime's
-Python pool costs more than most convolutions save by splitting), so these calls are not split further by the runtime. OMP_NUM_THREADS caps
-the team; GOMP_SPINCOUNT is lowered by default (see _load).
+Python pool costs more than most convolutions save by splitting), so these calls are not split
+further by the runtime. The team, and when a call runs on a team of one, are omp.py's.
 """
 from __future__ import annotations
 
@@ -24,9 +24,10 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from . import activations, jit
+from . import activations, jit, omp
 from .activations import Act, Eltwise
 from .native import load_first
+from .omp import TeamChoice, TeamOf
 
 _F32 = np.dtype(np.float32)
 _MAX_DIMS = 12
@@ -74,11 +75,6 @@ class _ExecArg(ctypes.Structure):
 def _load() -> ctypes.CDLL | None:
     if os.environ.get("KUBETRT_CONV", "auto").lower() == "gemm":
         return None
-    # GNU OpenMP's idle workers spin 300000 rounds (milliseconds) after each call by default; in a
-    # server that is CPU taken from the event loop. 10000 still covers the gap between one
-    # layer's call and the next (same-process ResNet50/small CNN latency unchanged); read once,
-    # when libgomp loads with libdnnl below, and only where the operator has not set it.
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
     lib = load_first(("libdnnl.so.3",))
     if lib is None:
         return None
@@ -132,97 +128,11 @@ _lib = _load()
 AVAILABLE = _lib is not None
 
 
-def _openmp() -> tuple[Any, int]:
-    """omp_set_num_threads of the OpenMP runtime oneDNN runs on, and its default team size."""
-    if _lib is None:
-        return None, 1
-    try:
-        gomp = ctypes.CDLL("libgomp.so.1")  # the copy libdnnl loaded: same soname, same handle
-    except OSError:
-        return None, 1
-    gomp.omp_set_num_threads.argtypes, gomp.omp_set_num_threads.restype = [ctypes.c_int], None
-    return gomp.omp_set_num_threads, int(gomp.omp_get_max_threads())
-
-
-_set_omp_threads, _OMP_THREADS = _openmp()
-
-
-TEAMS_ENV = "KUBETRT_ONEDNN_TEAMS"
-
-
-def adaptive_teams(env: Any) -> bool:
-    """Whether oneDNN calls may run on a team of one when that is faster (TeamChoice): `adaptive`
-    (the default), or `static` to always run the OpenMP team."""
-    value = env.get(TEAMS_ENV, "adaptive").strip().lower() or "adaptive"
-    if value not in ("static", "adaptive"):
-        raise ValueError(f"{TEAMS_ENV}={value!r}: expected 'adaptive' or 'static'")
-    return value == "adaptive"
-
-
-class TeamChoice:
-    """Per primitive and input shape: run the OpenMP team or a team of one, whichever has been faster lately.
-
-    A team splits a call's work statically: when a neighbour (another process on the node, another
-    runtime's pool in this process) holds one of the cores, every call waits for the thread it
-    descheduled and takes several times longer, where one thread alone loses only the second
-    core. Neither choice is right everywhere, so both are timed: each call runs the variant whose
-    recent mean (EWMA, weight ALPHA) is lower (one thread by MARGIN), and every EXPLORE-th call the other one, so a
-    neighbour that comes or goes is noticed within a few dozen calls. The single-threaded
-    variant is made on first use.
-    """
-
-    ALPHA, EXPLORE, WARM = 0.25, 256, 4
-    # One thread must beat the team by far: uncontended a team of two takes 0.5-0.6x one thread's
-    # time, a stalled one 2-4x. A choice made on noise costs more than its own call: a call run
-    # alone lets the team's other thread fall asleep, and the next team call waits for it to wake.
-    MARGIN = 0.6
-    MIN_TEAM_SECONDS = 100e-6  # shorter calls keep the team: their timings are mostly noise
-    CAPABLE = _set_omp_threads is not None and _OMP_THREADS > 1
-    ENABLED = CAPABLE and adaptive_teams(os.environ)
-
-    __slots__ = ("mean", "calls")
-
-    def __init__(self) -> None:
-        self.mean: list[float | None] = [None, None]  # seconds: [team, one thread]
-        self.calls = 0
-
-    def pick(self) -> bool:
-        """Whether this call runs single-threaded."""
-        self.calls += 1
-        team, alone = self.mean
-        if not self.ENABLED or team is None or self.calls < self.WARM or team < self.MIN_TEAM_SECONDS:
-            return False
-        if alone is None:
-            return True
-        faster = alone < self.MARGIN * team
-        return not faster if self.calls % self.EXPLORE == 0 else faster
-
-    def record(self, serial: bool, seconds: float) -> None:
-        m = self.mean[serial]
-        self.mean[serial] = seconds if m is None else m + self.ALPHA * (seconds - m)
-
-
-class _TeamOf:
-    """OpenMP team size for this thread's oneDNN calls inside the block (a primitive must run
-    with the team it was made for)."""
-
-    def __init__(self, threads: int) -> None:
-        self.threads = threads
-
-    def __enter__(self) -> None:
-        if _set_omp_threads is not None and self.threads != _OMP_THREADS:
-            _set_omp_threads(self.threads)
-
-    def __exit__(self, *_: Any) -> None:
-        if _set_omp_threads is not None and self.threads != _OMP_THREADS:
-            _set_omp_threads(_OMP_THREADS)
-
-
 def _execute(prim: "_Primitive", src: np.ndarray, dst: np.ndarray, consts: list[int], serial: bool, choice: TeamChoice) -> None:
     """Run a source-to-destination primitive (a single-threaded one under a team of one), timed for `choice`."""
     start = time.perf_counter()
     if serial:
-        with _TeamOf(1):
+        with TeamOf(1):
             prim.execute_io(src, dst, consts)
     else:
         prim.execute_io(src, dst, consts)
@@ -530,13 +440,13 @@ class _FusedOp:
         _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
         try:
             self._attributes(attr, post)
-            with _TeamOf(1 if serial else _OMP_THREADS):
+            with TeamOf(1 if serial else omp.TEAM):
                 pd = self._descriptor(key, attr)
         finally:
             lib.dnnl_post_ops_destroy(post)  # type: ignore[union-attr]
             lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
         scale_slots = [(_ARG_ATTR_SCALES | arg, _md((values.size,), _library().f32, _library().tag_a)) for arg, values in self._scales]
-        with _TeamOf(1 if serial else _OMP_THREADS):
+        with TeamOf(1 if serial else omp.TEAM):
             prim = _Primitive(pd, [_ARG_SRC, _ARG_DST, _ARG_WEIGHTS] + ([_ARG_BIAS] if self.bias is not None else []), scale_slots)
         weights = self._reordered(prim.md(_ARG_WEIGHTS))
         consts = [weights.ctypes.data] + ([self.bias.ctypes.data] if self.bias is not None else [])
@@ -729,11 +639,11 @@ class Pool2D:
                 _check(lib.dnnl_pooling_forward_primitive_desc_create(  # type: ignore[union-attr]
                     pd, st.engine, st.inference, self.alg, src, dst, _Dims(*self.strides), _Dims(*kernel),
                     _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "pooling")
-            with _TeamOf(1 if serial else _OMP_THREADS):
+            with TeamOf(1 if serial else omp.TEAM):
                 pd = _descriptor_with([_md((n, c, h, wd), st.f32, tag), _md((n, c, oh, ow), st.f32, tag)], create)
         finally:
             lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
-        with _TeamOf(1 if serial else _OMP_THREADS):
+        with TeamOf(1 if serial else omp.TEAM):
             return _Primitive(pd, [_ARG_SRC, _ARG_DST])
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> np.ndarray:
@@ -768,7 +678,7 @@ class Reorder:
         lib, st = _lib, _library()
         n, h, w, c = key
         src, dst = (st.tag_acdb, st.tag_blocked) if self.to_blocked else (st.tag_blocked, st.tag_acdb)
-        with _TeamOf(1 if serial else _OMP_THREADS):
+        with TeamOf(1 if serial else omp.TEAM):
             pd = _descriptor_with([_md((n, c, h, w), st.f32, src), _md((n, c, h, w), st.f32, dst)], lambda pd, s, d: _check(
                 lib.dnnl_reorder_primitive_desc_create(pd, s, st.engine, d, st.engine, None), "reorder"))  # type: ignore[union-attr]
             return _Primitive(pd, [_ARG_FROM, _ARG_TO])

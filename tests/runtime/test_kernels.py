@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kubetrt.runtime import ops
-from kubetrt.runtime.kernels import onednn
+from kubetrt.runtime.kernels import onednn, sgemm
 from onnx_cases import make_model, node, run_kubetrt, run_ort
 
 rng = np.random.default_rng(0)
@@ -99,11 +99,14 @@ OUTPUTS = {"split": ["y0", "y1"], "topk": ["v", "i"]}
 TOL = dict(rtol=1e-4, atol=1e-5)
 
 
-@pytest.mark.parametrize("backend", ["onednn", "numpy"])
+@pytest.mark.parametrize("backend", ["packed", "onednn", "numpy"])
 @pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
 def test_kernel_matches_onnxruntime(case, backend: str, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
-    """Both kernel families: oneDNN where it takes the op (convolutions, matmuls with constant
-    weights), and the im2col/GEMM/NumPy kernels a node without the onednn extra runs."""
+    """Every kernel family: the packed dense kernel (float32 matmuls with constant weights),
+    oneDNN where it takes the op (convolutions, and those matmuls without the packed kernel),
+    and the im2col/GEMM/NumPy kernels a node without the onednn extra runs."""
+    if backend != "packed":
+        monkeypatch.setattr(sgemm, "AVAILABLE", False)
     if backend == "numpy":
         monkeypatch.setattr(onednn, "AVAILABLE", False)
     elif not onednn.AVAILABLE:

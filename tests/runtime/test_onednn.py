@@ -12,7 +12,7 @@ import threading
 import numpy as np
 import pytest
 
-from kubetrt.runtime.kernels import onednn
+from kubetrt.runtime.kernels import onednn, sgemm
 from onnx_cases import make_model, node, run_kubetrt, run_ort
 
 needs_onednn = pytest.mark.skipif(not onednn.AVAILABLE, reason="the onednn extra is not installed: the GEMM path runs instead")
@@ -90,6 +90,7 @@ MATMUL_CASES = {
 @pytest.mark.parametrize("batch", [1, 3])
 def test_matches_ort(onednn_calls: list, kind: str, case: str, batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(onednn, "MIN_DENSE_MACS", 0)  # test-sized matmuls would take the NumPy path
+    monkeypatch.setattr(sgemm, "AVAILABLE", False)  # float32 dense layers go to the packed kernel first
     nodes, consts, per_item_shape = (CASES if kind == "Conv" else MATMUL_CASES)[case]
     feeds = {"x": f32(batch, *per_item_shape)}
     assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
@@ -97,8 +98,9 @@ def test_matches_ort(onednn_calls: list, kind: str, case: str, batch: int, monke
 
 
 @needs_onednn
-def test_only_matmuls_worth_a_onednn_call_take_it(onednn_calls: list) -> None:
+def test_only_matmuls_worth_a_onednn_call_take_it(onednn_calls: list, monkeypatch: pytest.MonkeyPatch) -> None:
     # a 64 -> 10 classifier head stays in NumPy; a 256 -> 512 layer goes to oneDNN
+    monkeypatch.setattr(sgemm, "AVAILABLE", False)  # float32 dense layers go to the packed kernel first
     for k, n, expect in ((64, 10, False), (256, 512, True)):
         onednn_calls.clear()
         nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["y"])]

@@ -6,8 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kubetrt.runtime.kernels import onednn
-from kubetrt.runtime.kernels.onednn import TeamChoice
+from kubetrt.runtime.kernels import omp, onednn
+from kubetrt.runtime.kernels.omp import TeamChoice
 
 
 def drive(choice: TeamChoice, team_s: float, alone_s: float, calls: int) -> list[bool]:
@@ -49,11 +49,11 @@ def test_single_threaded_primitives_give_the_same_numbers(monkeypatch: pytest.Mo
 
 
 def test_adaptive_teams_by_default_static_on_request_and_a_bad_value_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
-    assert onednn.adaptive_teams({})
-    assert onednn.adaptive_teams({onednn.TEAMS_ENV: " Adaptive "})
-    assert not onednn.adaptive_teams({onednn.TEAMS_ENV: "static"})
+    assert omp.adaptive_teams({})
+    assert omp.adaptive_teams({omp.TEAMS_ENV: " Adaptive "})
+    assert not omp.adaptive_teams({omp.TEAMS_ENV: "static"})
     with pytest.raises(ValueError, match="KUBETRT_ONEDNN_TEAMS='dynamic': expected 'adaptive' or 'static'"):
-        onednn.adaptive_teams({onednn.TEAMS_ENV: "dynamic"})
+        omp.adaptive_teams({omp.TEAMS_ENV: "dynamic"})
     monkeypatch.setattr(TeamChoice, "ENABLED", False)  # static: no call is ever sent to one thread
     assert not any(drive(TeamChoice(), team_s=6e-3, alone_s=1e-3, calls=200))
 

@@ -1,0 +1,251 @@
+"""float32 dense layers, act(a @ W + bias [+ residual]) with W constant, on the runtime's own
+register-tiled kernel and the OpenMP team.
+
+Why not oneDNN's inner product: its brgemm kernels lose at the shapes served models have (a few
+rows at batch 1, K of 64 in attention heads), and every primitive call has fixed costs that a
+layer of a few microseconds feels; bench/runtime.py shows the difference on the MLP and the
+transformer.
+
+How: W is packed once into panels of NR columns, each panel (K, NR) contiguous and zero-padded.
+A call computes MR x NR tiles of the output whose accumulators stay in registers: the tile is a
+stack array, which LLVM promotes (a heap array would be re-read and re-written every step of K).
+Bias, residual and the activation (the numba scalar forms) are applied to the tile as it is
+stored. Threads take contiguous ranges of (row block, panel) tiles. The team is started from
+jitted code with GOMP_parallel, on the worker threads oneDNN's calls use, and sized per shape by
+omp.TeamChoice.
+"""
+from __future__ import annotations
+
+import functools
+import time
+from typing import Any
+
+import numpy as np
+
+from . import activations, jit, omp
+from .jit import SCALAR_CLAMP
+from .omp import TeamChoice
+
+MR, NR = 4, 16  # a tile: rows x columns (two AVX2 vectors), eight accumulators in flight
+_F32 = np.dtype(np.float32)
+
+# The block of int64 words each call hands the team, and the kernel's constant block it points to.
+_CONSTS, _A, _C, _RES, _M, _HAS_RES, _TASKS = range(7)
+_PANELS, _BIAS, _BOUNDS, _FORM, _K, _N, _P, _THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER = range(11)
+
+AVAILABLE = jit.AVAILABLE and omp.PARALLEL != 0
+
+if jit.numba is not None:
+    from llvmlite import ir
+    from numba import carray, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    from numba.np.arrayobj import make_array, populate_array
+
+    @intrinsic
+    def _stack_tile(typingctx: Any) -> Any:
+        """An (MR, NR) float32 array on the caller's stack."""
+        tile_type = types.Array(types.float32, 2, "C")
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            f32 = ir.FloatType()
+            data = builder.bitcast(cgutils.alloca_once(builder, ir.ArrayType(f32, MR * NR)), f32.as_pointer())
+            intp = context.get_value_type(types.intp)
+            tile = make_array(tile_type)(context, builder)
+            populate_array(tile, data=data, shape=[ir.Constant(intp, MR), ir.Constant(intp, NR)],
+                           strides=[ir.Constant(intp, 4 * NR), ir.Constant(intp, 4)],
+                           itemsize=ir.Constant(intp, 4), meminfo=None)
+            return tile._getvalue()
+
+        return tile_type(), codegen
+
+    def _pointer_codegen(elem: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            ptr = elem.as_pointer()
+            return builder.bitcast(args[0], ptr) if isinstance(signature.args[0], types.RawPointer) else builder.inttoptr(args[0], ptr)
+        return codegen
+
+    @intrinsic
+    def _int64s_at(typingctx: Any, addr: Any) -> Any:
+        return types.CPointer(types.int64)(addr), _pointer_codegen(ir.IntType(64))
+
+    @intrinsic
+    def _float32s_at(typingctx: Any, addr: Any) -> Any:
+        return types.CPointer(types.float32)(addr), _pointer_codegen(ir.FloatType())
+
+    # The tile's first and last steps. They touch memory only through slices from 0: an offset
+    # index gets numba's wraparound select, which keeps a loop from vectorizing.
+
+    @jit.njit(cache=True, nogil=True, inline="always")
+    def _start(acc, rows, cols, res, bias, i0, j0, has_res):
+        # The sums start from the bias (and the residual): adding them later would read and
+        # write the stored tile again.
+        b = bias[j0:j0 + NR]
+        for r in range(rows):
+            for j in range(NR):
+                acc[r, j] = b[j]
+        for r in range(rows, MR):  # rows the tile computes but does not store (one-row partial sums)
+            for j in range(NR):
+                acc[r, j] = 0.0
+        if has_res:
+            for r in range(rows):
+                src = res[i0 + r, j0:j0 + cols]
+                for j in range(cols):
+                    acc[r, j] += src[j]
+
+    @jit.njit(cache=True, nogil=True, inline="always")
+    def _finish(acc, rows, cols, c, i0, j0, form, lo, hi):
+        if form == SCALAR_CLAMP:
+            for r in range(MR):
+                for j in range(NR):
+                    acc[r, j] = jit.clamp(acc[r, j], lo, hi)
+        for r in range(rows):
+            dst = c[i0 + r, j0:j0 + cols]
+            for j in range(cols):
+                dst[j] = acc[r, j]
+
+    @jit.njit(cache=True, nogil=True, fastmath={"contract"})
+    def _tiles(a, panels, c, res, bias, has_res, form, lo, hi, start, stop):
+        # Task t is (row block, panel), panels innermost: a block's rows stay in L1 while the
+        # panels stream past them in order (the prefetchers' best case).
+        m, k = a.shape
+        n = c.shape[1]
+        count = panels.shape[0]
+        k4 = k - k % 4
+        acc = _stack_tile()
+        for t in range(start, stop):
+            i0 = t // count * MR
+            p = t % count
+            rows = min(MR, m - i0)
+            j0 = p * NR
+            cols = min(NR, n - j0)
+            _start(acc, rows, cols, res, bias, i0, j0, has_res)
+            # Plain indexing only: a view (a row, a panel) made inside these loops costs a
+            # reference count update each time.
+            if rows == 1:
+                # one row: four partial sums (k mod 4) keep as many additions in flight as four rows do
+                for kk in range(0, k4, 4):
+                    a0, a1, a2, a3 = a[i0, kk], a[i0, kk + 1], a[i0, kk + 2], a[i0, kk + 3]
+                    for j in range(NR):
+                        acc[0, j] += a0 * panels[p, kk, j]
+                        acc[1, j] += a1 * panels[p, kk + 1, j]
+                        acc[2, j] += a2 * panels[p, kk + 2, j]
+                        acc[3, j] += a3 * panels[p, kk + 3, j]
+                for kk in range(k4, k):
+                    a0 = a[i0, kk]
+                    for j in range(NR):
+                        acc[0, j] += a0 * panels[p, kk, j]
+                for j in range(NR):
+                    acc[0, j] += (acc[1, j] + acc[2, j]) + acc[3, j]
+            else:
+                # a short last block repeats its last row: the same instructions, stores cut to `rows`
+                i1, i2, i3 = i0 + 1, i0 + min(2, rows - 1), i0 + min(3, rows - 1)
+                for kk in range(k):
+                    a0, a1, a2, a3 = a[i0, kk], a[i1, kk], a[i2, kk], a[i3, kk]
+                    for j in range(NR):
+                        w = panels[p, kk, j]
+                        acc[0, j] += a0 * w
+                        acc[1, j] += a1 * w
+                        acc[2, j] += a2 * w
+                        acc[3, j] += a3 * w
+            _finish(acc, rows, cols, c, i0, j0, form, lo, hi)
+
+    def _member(data):  # compiled into a C callable by _member_address
+        q = carray(_int64s_at(data), (_TASKS + 1,))
+        kc = carray(_int64s_at(q[_CONSTS]), (_MEMBER + 1,))
+        k, n, count, m = kc[_K], kc[_N], kc[_P], q[_M]
+        bounds = carray(_float32s_at(kc[_BOUNDS]), (2,))
+        team, me = jit.c_call0(kc[_NUM_THREADS]), jit.c_call0(kc[_THREAD_NUM])
+        tasks = q[_TASKS]
+        _tiles(carray(_float32s_at(q[_A]), (m, k)), carray(_float32s_at(kc[_PANELS]), (count, k, NR)),
+               carray(_float32s_at(q[_C]), (m, n)), carray(_float32s_at(q[_RES]), (m, n)),
+               carray(_float32s_at(kc[_BIAS]), (count * NR,)), q[_HAS_RES] != 0, kc[_FORM], bounds[0], bounds[1],
+               tasks * me // team, tasks * (me + 1) // team)
+
+    @jit.njit(cache=True, nogil=True)
+    def _run(consts, a, c, res, has_res, threads):
+        q = np.empty(_TASKS + 1, np.int64)
+        q[_CONSTS], q[_A], q[_C], q[_RES] = consts.ctypes.data, a.ctypes.data, c.ctypes.data, res.ctypes.data
+        q[_M], q[_HAS_RES], q[_TASKS] = a.shape[0], has_res, (a.shape[0] + MR - 1) // MR * consts[_P]
+        jit.c_call4(consts[_PARALLEL], consts[_MEMBER], q.ctypes.data, threads, 0)
+
+
+@functools.lru_cache(maxsize=1)
+def _member_address() -> int:
+    """The team members' entry point, fn(void *block), compiled on first use."""
+    import numba
+
+    address = numba.cfunc(types.void(types.voidptr), cache=jit.CACHE)(_member).address
+    if not address:
+        raise RuntimeError("numba compiled the dense kernel's team entry point without an address")
+    return int(address)
+
+
+def _packed(w: np.ndarray) -> np.ndarray:
+    """W (K, N) as panels (ceil(N / NR), K, NR): each panel's rows contiguous, the last zero-padded."""
+    k, n = w.shape
+    count = -(-n // NR)
+    padded = np.zeros((k, count * NR), dtype=_F32)
+    padded[:, :n] = w
+    return np.ascontiguousarray(padded.reshape(k, count, NR).transpose(1, 0, 2))
+
+
+class PackedDense:
+    """y = act(a @ w + bias [+ residual]) for float32 a (..., K) and constant w (K, N); the
+    activation is one of the numba kernels' scalar forms (activations.scalar_form)."""
+
+    kind = "MatMul"
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, form: activations.Scalar, residual: bool, name: str = "matmul") -> None:
+        self.k, self.n = w.shape
+        self.residual, self.name = residual, name
+        self.panels = _packed(w)
+        self.bias = np.zeros(self.panels.shape[0] * NR, _F32)  # padded like the panels: whole tiles add it
+        if bias is not None:
+            self.bias[:self.n] = bias
+        self.bounds = np.array(form[1:], dtype=_F32)
+        self.consts = np.zeros(_MEMBER + 1, np.int64)
+        self.consts[[_PANELS, _BIAS, _BOUNDS]] = [self.panels.ctypes.data, self.bias.ctypes.data, self.bounds.ctypes.data]
+        self.consts[[_FORM, _K, _N, _P]] = [form[0], self.k, self.n, self.panels.shape[0]]
+        self.consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, _member_address()]
+        self._choices: dict[int, TeamChoice] = {}
+
+    def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
+        k, n = self.k, self.n
+        if a.dtype != _F32 or a.ndim < 1 or a.shape[-1] != k:
+            raise ValueError(f"MatMul {self.name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
+        rows = np.ascontiguousarray(a).reshape(-1, k)
+        shape = a.shape[:-1] + (n,)
+        if self.residual:
+            if residual is None:
+                raise ValueError(f"MatMul {self.name}: built with a residual sum, but no residual was passed")
+            if residual.shape != shape or residual.dtype != _F32:
+                raise ValueError(f"MatMul {self.name}: residual {residual.dtype}{list(residual.shape)} does not fit the output float32{list(shape)}")
+            if overwrite_residual and residual.flags.writeable and residual.flags.c_contiguous:
+                out = res = residual
+            else:
+                out, res = np.empty(shape, dtype=_F32), np.ascontiguousarray(residual)
+        else:
+            out = res = np.empty(shape, dtype=_F32)
+        m = rows.shape[0]
+        if m == 0:
+            return out
+        choice = self._choices.get(m) or self._choices.setdefault(m, TeamChoice())
+        serial = choice.pick()
+        start = time.perf_counter()
+        _run(self.consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, 1 if serial else omp.TEAM)
+        choice.record(serial, time.perf_counter() - start)
+        return out
+
+
+def dense_for_node(spec: Any, w: np.ndarray | None) -> PackedDense | None:
+    """The packed kernel for a FusedMatMul node with constant 2-D float32 weights, a constant
+    float32 bias and an activation numba applies, or None."""
+    form = activations.scalar_form(spec.attrs.get("activation"))
+    bias = spec.const(2) if spec.has(2) else None
+    if not AVAILABLE or w is None or w.ndim != 2 or w.dtype != _F32 or form is None:
+        return None
+    if spec.has(2) and (bias is None or bias.shape != (w.shape[1],) or bias.dtype != _F32):
+        return None
+    return PackedDense(w, bias, form, residual=spec.has(3), name=spec.name)
+
