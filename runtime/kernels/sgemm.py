@@ -73,53 +73,87 @@ if jit.numba is not None:
     def _float32s_at(typingctx: Any, addr: Any) -> Any:
         return types.CPointer(types.float32)(addr), _pointer_codegen(ir.FloatType())
 
-    # The tile's first and last steps. They touch memory only through slices from 0: an offset
-    # index gets numba's wraparound select, which keeps a loop from vectorizing.
+    # The tile's first and last steps touch memory through views made from addresses, starting
+    # at the tile's first column: an offset index gets numba's wraparound select, which keeps a
+    # loop from vectorizing, and a slice costs a bounds normalization per tile.
 
     @jit.njit(cache=True, nogil=True, inline="always")
-    def _start(acc, rows, cols, res, bias, i0, j0, has_res):
+    def _segment(at, row, n, j0, width):
+        """Columns [j0, j0 + width) of one row of a C-contiguous float32 (?, n) array at address `at`."""
+        return carray(_float32s_at(at + (row * n + j0) * 4), (width,))
+
+    # The accumulator tile is only ever indexed by loops of constant length (MR, NR), which LLVM
+    # keeps in registers; a partial tile at the edge of the output goes through a second stack
+    # tile, `edge`, which takes the loops of variable length.
+
+    @jit.njit(cache=True, nogil=True, inline="always")
+    def _start(acc, edge, rows, cols, res_at, bias_at, n, i0, j0, has_res):
         # The sums start from the bias (and the residual): adding them later would read and
         # write the stored tile again.
-        b = bias[j0:j0 + NR]
-        for r in range(rows):
-            for j in range(NR):
-                acc[r, j] = b[j]
-        for r in range(rows, MR):  # rows the tile computes but does not store (one-row partial sums)
-            for j in range(NR):
-                acc[r, j] = 0.0
-        if has_res:
+        b = _segment(bias_at, 0, 0, j0, NR)
+        if not has_res:
+            for r in range(MR):
+                for j in range(NR):
+                    acc[r, j] = b[j]
+        elif rows == MR and cols == NR:
+            for r in range(MR):
+                src = _segment(res_at, i0 + r, n, j0, NR)
+                for j in range(NR):
+                    acc[r, j] = b[j] + src[j]
+        else:
+            for r in range(MR):
+                for j in range(NR):
+                    edge[r, j] = 0.0
             for r in range(rows):
-                src = res[i0 + r, j0:j0 + cols]
+                src = _segment(res_at, i0 + r, n, j0, cols)
                 for j in range(cols):
-                    acc[r, j] += src[j]
+                    edge[r, j] = src[j]
+            for r in range(MR):
+                for j in range(NR):
+                    acc[r, j] = b[j] + edge[r, j]
+        if rows == 1:  # the one-row path's partial sums
+            for r in range(1, MR):
+                for j in range(NR):
+                    acc[r, j] = 0.0
 
     @jit.njit(cache=True, nogil=True, inline="always")
-    def _finish(acc, rows, cols, c, i0, j0, form, lo, hi):
+    def _finish(acc, edge, rows, cols, c_at, n, i0, j0, form, lo, hi):
         if form == SCALAR_CLAMP:
             for r in range(MR):
                 for j in range(NR):
                     acc[r, j] = jit.clamp(acc[r, j], lo, hi)
-        for r in range(rows):
-            dst = c[i0 + r, j0:j0 + cols]
-            for j in range(cols):
-                dst[j] = acc[r, j]
+        if rows == MR and cols == NR:
+            for r in range(MR):
+                dst = _segment(c_at, i0 + r, n, j0, NR)
+                for j in range(NR):
+                    dst[j] = acc[r, j]
+        else:
+            for r in range(MR):
+                for j in range(NR):
+                    edge[r, j] = acc[r, j]
+            for r in range(rows):
+                dst = _segment(c_at, i0 + r, n, j0, cols)
+                for j in range(cols):
+                    dst[j] = edge[r, j]
 
     @jit.njit(cache=True, nogil=True, fastmath={"contract"})
     def _tiles(a, panels, c, res, bias, has_res, form, lo, hi, start, stop):
-        # Task t is (row block, panel), panels innermost: a block's rows stay in L1 while the
-        # panels stream past them in order (the prefetchers' best case).
+        # Task t is a (row block, panel) pair, panels innermost: a block's rows stay in L1 while
+        # the panels stream past them in order (the prefetchers' best case; measured no slower
+        # than reading each panel once when the weights outgrow L2).
         m, k = a.shape
         n = c.shape[1]
         count = panels.shape[0]
         k4 = k - k % 4
-        acc = _stack_tile()
-        for t in range(start, stop):
-            i0 = t // count * MR
-            p = t % count
+        c_at, res_at, bias_at = c.ctypes.data, res.ctypes.data, bias.ctypes.data
+        acc, edge = _stack_tile(), _stack_tile()
+        block, p = start // count, start % count
+        for _ in range(start, stop):
+            i0 = block * MR
             rows = min(MR, m - i0)
             j0 = p * NR
             cols = min(NR, n - j0)
-            _start(acc, rows, cols, res, bias, i0, j0, has_res)
+            _start(acc, edge, rows, cols, res_at, bias_at, n, i0, j0, has_res)
             # Plain indexing only: a view (a row, a panel) made inside these loops costs a
             # reference count update each time.
             if rows == 1:
@@ -148,7 +182,10 @@ if jit.numba is not None:
                         acc[1, j] += a1 * w
                         acc[2, j] += a2 * w
                         acc[3, j] += a3 * w
-            _finish(acc, rows, cols, c, i0, j0, form, lo, hi)
+            _finish(acc, edge, rows, cols, c_at, n, i0, j0, form, lo, hi)
+            p += 1
+            if p == count:
+                block, p = block + 1, 0
 
     def _member(data):  # compiled into a C callable by _member_address
         q = carray(_int64s_at(data), (_TASKS + 1,))
