@@ -138,6 +138,15 @@ def test_plans_run_float_dense_layers_on_it_and_match_onnxruntime(monkeypatch: p
     assert calls == [(4, 25, 64), (4, 25, 96)], calls
 
 
+def test_a_residual_that_is_also_an_output_is_not_overwritten() -> None:
+    # s feeds the second layer's fused residual sum and is itself a graph output
+    nodes = [node("MatMul", ["x", "w1"], ["s"]), node("MatMul", ["s", "w2"], ["m"]), node("Add", ["m", "s"], ["y"])]
+    feeds = {"x": f32(3, 40)}
+    model = make_model(nodes, feeds, ["y", "s"], {"w1": f32(40, 24), "w2": f32(24, 24)})
+    for got, want in zip(run_plan(model, feeds)[0], run_ort(model, feeds)):
+        close(got, want)
+
+
 def spec(act: Any, w: np.ndarray, bias: np.ndarray | None = None) -> KernelSpec:
     f = np.dtype(np.float32)
     return KernelSpec("FusedMatMul", "fc", {"activation": act}, [None, w, bias], [(None, w.shape[0]), w.shape, None],
