@@ -319,7 +319,8 @@ def matmul(spec: KernelSpec) -> Run:
     """FusedMatMul(a, b, bias, [residual]) = act(a @ b + bias + residual)."""
     epilogue = make_epilogue(spec)
     b_const = spec.const(1)
-    dense = sgemm.dense_for_node(spec, b_const) or onednn.dense_for_node(spec, b_const)
+    packed = sgemm.dense_for_node(spec, b_const)
+    dense = onednn.dense_for_node(spec, b_const) or packed
     residual_inplace = 3 in spec.inplace
     b_fast = None if b_const is None else np.ascontiguousarray(b_const)
 
@@ -343,7 +344,8 @@ def matmul(spec: KernelSpec) -> Run:
         def run_dense(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
             if a.size * n_out < onednn.MIN_DENSE_MACS:  # e.g. a 64x10 classifier head: NumPy's call is cheaper
                 return run(a, b, bias, residual)
-            return (dense(a, residual, overwrite_residual=residual_inplace),)
+            few_rows = packed is not None and a.size <= sgemm.MAX_ROWS * a.shape[-1]
+            return ((packed if few_rows else dense)(a, residual, overwrite_residual=residual_inplace),)  # type: ignore[misc]
         return run_dense
     return run
 

@@ -1,10 +1,11 @@
 """float32 dense layers, act(a @ W + bias [+ residual]) with W constant, on the runtime's own
 register-tiled kernel and the OpenMP team.
 
-Why not oneDNN's inner product: its brgemm kernels lose at the shapes served models have (a few
-rows at batch 1, K of 64 in attention heads), and every primitive call has fixed costs that a
-layer of a few microseconds feels; bench/runtime.py shows the difference on the MLP and the
-transformer.
+Why, beside oneDNN's inner product: at a few rows (batch 1, a short sequence) a layer takes a
+few microseconds, and a oneDNN primitive call's fixed costs and its GEMV lose to this kernel
+there (the MLP and the transformer at batch 1 in bench/runtime.py); at more rows oneDNN keeps
+up or leads, so the runtime picks by row count (MAX_ROWS). Without oneDNN it runs every float32
+dense layer.
 
 How: W is packed once into panels of NR columns, each panel (K, NR) contiguous and zero-padded.
 A call computes MR x NR tiles of the output whose accumulators stay in registers: the tile is a
@@ -27,6 +28,9 @@ from .jit import SCALAR_CLAMP
 from .omp import TeamChoice
 
 MR, NR = 4, 16  # a tile: rows x columns (two AVX2 vectors), eight accumulators in flight
+# Up to this many rows (a batch-1 request, a short sequence) this kernel runs a layer where
+# oneDNN is installed; beyond it oneDNN's inner product keeps up or leads inside a plan.
+MAX_ROWS = 16
 _F32 = np.dtype(np.float32)
 
 # The block of int64 words each call hands the team, and the kernel's constant block it points to.
