@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from . import jit
-from .jit import SCALAR_CLAMP, SCALAR_NONE
+from .jit import SCALAR_CLAMP, SCALAR_GELU, SCALAR_NONE
 
 Params = dict[str, Any]  # an activation's attributes, defaults filled in
 Unary = Callable[[Any, Any], Any]  # f(x, out): out is None (a fresh result) or the array to write, possibly x
@@ -23,9 +23,9 @@ Act = tuple[str, dict[str, Any]]  # a fused node's `activation` attribute: (op, 
 Eltwise = tuple[str, float, float]  # a oneDNN eltwise post-op: (alg_kind name, alpha, beta)
 Scalar = tuple[int, float, float]  # (SCALAR_* form, a, b): how the numba kernels apply an activation in place
 
-# The scalar forms of the numba kernels (jit.SCALAR_NONE, jit.SCALAR_CLAMP: jit.clamp(v, a, b)). Each
-# kernel branches on the form once per row, outside its element loop (a per-element dispatch there
-# stops vectorization).
+# The scalar forms of the numba kernels (jit.SCALAR_NONE, jit.SCALAR_CLAMP: jit.clamp(v, a, b),
+# jit.SCALAR_GELU: jit.gelu_erf(v)). Each kernel branches on the form once per row, outside its
+# element loop (a per-element dispatch there stops vectorization).
 
 
 @dataclass(frozen=True)
@@ -220,6 +220,7 @@ ACTIVATIONS: dict[str, Activation] = _table(
                cuda_c=lambda p: "v / (1.f + expf(-v))"),
     Activation("HardSwish", _hard_swish, fusable=True, cuda_c=lambda p: "v * fminf(fmaxf(v + 3.f, 0.f), 6.f) / 6.f"),
     Activation("Gelu", _gelu, {"approximate": "none"}, wide=True, fusable=True,
+               scalar=lambda p: (SCALAR_GELU, 0.0, 0.0) if p["approximate"] == "none" else None,
                onednn=lambda p: ("eltwise_gelu_tanh" if p["approximate"] == "tanh" else "eltwise_gelu_erf", 0.0, 0.0),
                cuda_c=lambda p: "0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v)))" if p["approximate"] == "tanh"
                else "0.5f * v * (1.f + erff(v * 0.70710678f))"),

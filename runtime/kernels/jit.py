@@ -26,9 +26,9 @@ except ImportError:  # pragma: no cover
     numba = None  # type: ignore[assignment]  # AVAILABLE is False: nothing reads it
     AVAILABLE = False
 
-# How the numba kernels apply a fused activation in place: none, or clamp(v, a, b) (Relu is
-# clamp(v, 0, inf), Clip clamp(v, min, max)); activations.py maps its table onto these.
-SCALAR_NONE, SCALAR_CLAMP = 0, 1
+# How the numba kernels apply a fused activation in place: none, clamp(v, a, b) (Relu is
+# clamp(v, 0, inf), Clip clamp(v, min, max)), or gelu_erf(v); activations.py maps its table onto these.
+SCALAR_NONE, SCALAR_CLAMP, SCALAR_GELU = 0, 1, 2
 CACHE_LOG_MSG = "numba cache fallback"  # the one line logged when the cache is not where numba looks first
 logger = logging.getLogger("kubetrt.runtime")
 
@@ -149,6 +149,9 @@ if numba is not None:
                 if act == SCALAR_CLAMP:
                     for j in range(ow):
                         orow[j] = clamp(orow[j], lo, hi)
+                elif act == SCALAR_GELU:
+                    for j in range(ow):
+                        orow[j] = gelu_erf(orow[j])
 
 
 def run_split(kernel: Callable[..., None], args: tuple[Any, ...], items: int, work: int) -> None:
@@ -208,6 +211,9 @@ if numba is not None:
                 if act == SCALAR_CLAMP:
                     for ch in range(c):
                         acc[ch] = clamp(acc[ch], lo, hi)
+                elif act == SCALAR_GELU:
+                    for ch in range(c):
+                        acc[ch] = gelu_erf(acc[ch])
 
 
 def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, strides: list[int], dil: list[int], pads_begin: list[int], oh: int, ow: int, act: int = SCALAR_NONE, lo: float = 0.0, hi: float = 0.0) -> np.ndarray:
@@ -235,6 +241,9 @@ if numba is not None:
             if act == SCALAR_CLAMP:
                 for ch in range(c):
                     y[r, ch] = clamp(y[r, ch] + bias[ch], lo, hi)
+            elif act == SCALAR_GELU:
+                for ch in range(c):
+                    y[r, ch] = gelu_erf(y[r, ch] + bias[ch])
             elif has_bias:
                 for ch in range(c):
                     y[r, ch] += bias[ch]
@@ -472,19 +481,22 @@ if numba is not None:
             for i in range(row.size):
                 dst[i] = (row[i] - m) * s * scale[i] + bias[i]
 
+    @njit(cache=True, inline="always", error_model="numpy")
+    def gelu_erf(v):
+        # erf(|z|) = 1 - poly(t) exp(-z^2), t = 1 / (1 + p|z|) (Abramowitz & Stegun 7.1.26, within
+        # 1.5e-7): with expf inlined, a loop of it vectorizes
+        a = abs(v) * np.float32(0.70710677)
+        t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * a)
+        poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)
+               + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
+        erf = np.float32(1.0) - poly * expf(-a * a)
+        return np.float32(0.5) * v * (np.float32(1.0) + (erf if v >= 0 else -erf))
+
     @njit(cache=True, nogil=True, error_model="numpy")
     def _gelu(x, out, start, stop):
-        # erf(|z|) = 1 - poly(t) exp(-z^2), t = 1 / (1 + p|z|) (Abramowitz & Stegun 7.1.26, within
-        # 1.5e-7): with expf inlined the whole loop vectorizes, one pass
-        src, dst = x[start:stop], out[start:stop]
+        src, dst = x[start:stop], out[start:stop]  # one vectorized pass
         for i in range(src.size):
-            v = src[i]
-            a = abs(v) * np.float32(0.70710677)
-            t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * a)
-            poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)
-                   + t * (np.float32(-1.453152027) + t * np.float32(1.061405429)))))
-            erf = np.float32(1.0) - poly * expf(-a * a)
-            dst[i] = np.float32(0.5) * v * (np.float32(1.0) + (erf if v >= 0 else -erf))
+            dst[i] = gelu_erf(src[i])
 
 
 def layer_norm_rows(x: np.ndarray, scale: np.ndarray, bias: np.ndarray, eps: float, out: np.ndarray) -> np.ndarray:

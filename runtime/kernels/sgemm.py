@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import activations, jit, omp
-from .jit import SCALAR_CLAMP
+from .jit import SCALAR_CLAMP, SCALAR_GELU
 from .omp import TeamChoice
 
 MR, NR = 4, 16  # a tile: rows x columns (two AVX2 vectors), eight accumulators in flight
@@ -126,6 +126,10 @@ if jit.numba is not None:
             for r in range(MR):
                 for j in range(NR):
                     acc[r, j] = jit.clamp(acc[r, j], lo, hi)
+        elif form == SCALAR_GELU:
+            for r in range(MR):
+                for j in range(NR):
+                    acc[r, j] = jit.gelu_erf(acc[r, j])
         if rows == MR and cols == NR:
             for r in range(MR):
                 dst = _segment(c_at, i0 + r, n, j0, NR)
@@ -253,10 +257,12 @@ class PackedDense:
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         k, n = self.k, self.n
-        if a.dtype != _F32 or a.ndim < 1 or a.shape[-1] != k:
+        if a.dtype != _F32 or a.shape[-1:] != (k,):
             raise ValueError(f"MatMul {self.name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
-        rows = np.ascontiguousarray(a).reshape(-1, k)
-        shape = a.shape[:-1] + (n,)
+        flat = a.ndim == 2 and a.flags.c_contiguous  # the common case pays no reshapes
+        rows = a if flat else np.ascontiguousarray(a).reshape(-1, k)
+        m = rows.shape[0]
+        shape = (m, n) if flat else a.shape[:-1] + (n,)
         if self.residual:
             if residual is None:
                 raise ValueError(f"MatMul {self.name}: built with a residual sum, but no residual was passed")
@@ -268,16 +274,17 @@ class PackedDense:
                 out, res = np.empty(shape, dtype=_F32), np.ascontiguousarray(residual)
         else:
             out = res = np.empty(shape, dtype=_F32)
-        m = rows.shape[0]
         if m == 0:
             return out
         choice = self._choices.get(m) or self._choices.setdefault(m, TeamChoice())
         serial = choice.pick()
         start = time.perf_counter()
-        _run(self.consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, 1 if serial else omp.TEAM)
+        if flat:
+            _run(self.consts, rows, out, res, self.residual, 1 if serial else omp.TEAM)
+        else:
+            _run(self.consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, 1 if serial else omp.TEAM)
         choice.record(serial, time.perf_counter() - start)
         return out
-
 
 def dense_for_node(spec: Any, w: np.ndarray | None) -> PackedDense | None:
     """The packed kernel for a FusedMatMul node with constant 2-D float32 weights, a constant

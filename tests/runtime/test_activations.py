@@ -14,6 +14,7 @@ from kubetrt.runtime.kernels.activations import (
     ACTIVATIONS,
     FUSABLE,
     SCALAR_CLAMP,
+    SCALAR_GELU,
     SCALAR_NONE,
     UNARY_OPS,
     bind,
@@ -31,9 +32,14 @@ EDGES = np.array([np.nan, np.inf, -np.inf, 0.0, -0.0, 1e-45, -1e-45, 3.4e38, -3.
 SCALAR_CASES: dict[str, list[dict[str, Any]]] = {
     "Relu": [{}],
     "Clip": [{"min": 0.0, "max": 6.0}, {"min": -1.5, "max": None}, {"min": None, "max": 0.5}, {"min": 0.0}, {}],
+    "Gelu": [{}],  # the erf form; the tanh form has none
 }
 # Each scalar form as a plain function of (v, a, b): what the numba kernels run per element.
-SCALAR_FUNCTIONS: dict[int, Any] = {SCALAR_CLAMP: getattr(jit, "clamp", None)}
+SCALAR_FUNCTIONS: dict[int, Any] = {SCALAR_CLAMP: getattr(jit, "clamp", None),
+                                     SCALAR_GELU: lambda v, a, b: jit.gelu_erf(v)}
+# Clamps are exact; GELU's polynomial may be contracted into fused multiply-adds inside a kernel
+# (one rounding fewer per step), so it matches to a few float32 ulps.
+FORM_TOLERANCE: dict[int, dict[str, float]] = {SCALAR_CLAMP: {"rtol": 0.0, "atol": 0.0}, SCALAR_GELU: {"rtol": 4e-6, "atol": 1e-7}}
 needs_jit = pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed: the NumPy epilogues run instead")
 
 
@@ -50,7 +56,8 @@ def test_every_scalar_form_is_checked() -> None:
     """A new scalar form, or a new activation given one, must join the cases below."""
     assert set(SCALAR_CASES) == {op for op, a in ACTIVATIONS.items() if a.scalar is not None}
     forms = [scalar_form((op, p)) for op, p in scalar_cases()]
-    assert {f[0] for f in forms if f is not None} - {SCALAR_NONE} <= set(SCALAR_FUNCTIONS)
+    assert {f[0] for f in forms if f is not None} - {SCALAR_NONE} <= set(SCALAR_FUNCTIONS) == set(FORM_TOLERANCE)
+    assert scalar_form(("Gelu", {"approximate": "tanh"})) is None
 
 
 @needs_jit
@@ -81,12 +88,13 @@ def test_numba_kernels_apply_the_scalar_form_as_the_xp_epilogue_does(op: str, pa
     x = np.pad(rng.standard_normal((2, 5, 7, 6)).astype(np.float32) * 4, ((0, 0), (0, 0), (1, 1), (1, 1)))
     w, b = rng.standard_normal((5, 1, 3, 3)).astype(np.float32), rng.standard_normal(5).astype(np.float32)
     plain = jit.depthwise_conv(x, w, b, [1, 1], [1, 1], 7, 6)
-    np.testing.assert_array_equal(jit.depthwise_conv(x, w, b, [1, 1], [1, 1], 7, 6, *form), act(plain, None))
+    tol = FORM_TOLERANCE[form[0]]
+    np.testing.assert_allclose(jit.depthwise_conv(x, w, b, [1, 1], [1, 1], 7, 6, *form), act(plain, None), **tol)
 
     xh = np.ascontiguousarray(x[:, :, 1:-1, 1:-1].transpose(0, 2, 3, 1))
     wh = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0))
     plain = jit.depthwise_conv_nhwc(xh, wh, b, [1, 1], [1, 1], [1, 1], 7, 6)
-    np.testing.assert_array_equal(jit.depthwise_conv_nhwc(xh, wh, b, [1, 1], [1, 1], [1, 1], 7, 6, *form), act(plain, None))
+    np.testing.assert_allclose(jit.depthwise_conv_nhwc(xh, wh, b, [1, 1], [1, 1], [1, 1], 7, 6, *form), act(plain, None), **tol)
 
 
 ONEDNN_CASES: list[tuple[str, dict[str, Any], Any]] = [

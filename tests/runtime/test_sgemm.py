@@ -4,6 +4,7 @@ place), the activations it fuses, the team and a team of one, threads sharing on
 errors bad input gets. fp32 tolerance from the one table (runtime/accuracy.py)."""
 from __future__ import annotations
 
+import math
 import threading
 from typing import Any
 
@@ -22,7 +23,8 @@ TOL = tolerance_for("fp32", "host")
 rng = np.random.default_rng(23)
 # rows around the tile height (a lone row takes the one-row path), columns around the panel width, K around the unroll
 SHAPES = [(1, 1, 1), (1, 64, 10), (1, 130, 33), (2, 7, 16), (3, 4, 17), (4, 64, 16), (5, 3, 31), (17, 96, 48), (64, 33, 100)]
-ACTIVATIONS: list[tuple[str, Any]] = [("none", None), ("relu", ("Relu", {})), ("clip", ("Clip", {"min": -0.5, "max": 0.75}))]
+ACTIVATIONS: list[tuple[str, Any]] = [("none", None), ("relu", ("Relu", {})), ("clip", ("Clip", {"min": -0.5, "max": 0.75})),
+                                      ("gelu", ("Gelu", {}))]
 
 
 def f32(*shape: int) -> np.ndarray:
@@ -33,6 +35,8 @@ def reference(a: np.ndarray, w: np.ndarray, bias: np.ndarray | None, residual: n
     y = a.astype(np.float64) @ w.astype(np.float64)
     y += 0 if bias is None else bias
     y += 0 if residual is None else residual
+    if act is not None and act[0] == "Gelu":
+        return 0.5 * y * (1.0 + np.vectorize(math.erf)(y / math.sqrt(2.0)))
     form = scalar_form(act)
     assert form is not None
     return np.clip(y, form[1], form[2]) if act is not None else y
