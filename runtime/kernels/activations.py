@@ -37,7 +37,7 @@ class Activation:
     defaults: Mapping[str, Any] = field(default_factory=dict)
     wide: bool = False  # float16 operands compute in float32 (transcendental math loses too much in half)
     fusable: bool = False  # the fusion pass folds it into a FusedConv / FusedMatMul epilogue
-    scalar: Callable[[Params], Scalar] | None = None  # numba's form; None: the xp epilogue runs instead
+    scalar: Callable[[Params], Scalar | None] | None = None  # numba's form; None (or a None result): the xp epilogue runs instead
     onednn: Callable[[Params], Eltwise | None] | None = None  # None (or a None result): oneDNN cannot fuse it
     cuda_c: Callable[[Params], str] | None = None  # C expression of float `v` for the GPU's fused epilogue
 
