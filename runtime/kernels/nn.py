@@ -342,10 +342,11 @@ def matmul(spec: KernelSpec) -> Run:
         n_out = b_const.shape[1]  # type: ignore[union-attr]
 
         def run_dense(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-            if a.size * n_out < onednn.MIN_DENSE_MACS:  # e.g. a 64x10 classifier head: NumPy's call is cheaper
+            if packed is not None and a.size <= sgemm.MAX_ROWS * a.shape[-1]:  # however small: its call is cheaper than NumPy's
+                return (packed(a, residual, overwrite_residual=residual_inplace),)
+            if a.size * n_out < onednn.MIN_DENSE_MACS:  # e.g. a 64x10 classifier head: NumPy's call is cheaper than oneDNN's
                 return run(a, b, bias, residual)
-            few_rows = packed is not None and a.size <= sgemm.MAX_ROWS * a.shape[-1]
-            return ((packed if few_rows else dense)(a, residual, overwrite_residual=residual_inplace),)  # type: ignore[misc]
+            return (dense(a, residual, overwrite_residual=residual_inplace),)
         return run_dense
     return run
 

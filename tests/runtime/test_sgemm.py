@@ -145,6 +145,21 @@ def test_plans_run_dense_layers_of_few_rows_on_it_and_match_onnxruntime(batch: i
     assert calls == ([(batch, 13, 64), (batch, 13, 96)] if few or not onednn.AVAILABLE else []), calls
 
 
+def test_a_batch_one_classifier_head_runs_here_however_small(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[tuple[int, ...]] = []
+    real = sgemm.PackedDense.__call__
+
+    def spy(self: sgemm.PackedDense, a: np.ndarray, *rest: Any, **kw: Any) -> np.ndarray:
+        calls.append(a.shape)
+        return real(self, a, *rest, **kw)
+    monkeypatch.setattr(sgemm.PackedDense, "__call__", spy)
+    nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["y"])]
+    feeds = {"x": f32(1, 64)}
+    model = make_model(nodes, feeds, ["y"], {"w": f32(64, 10), "b": f32(10)})
+    close(run_plan(model, feeds)[0][0], run_ort(model, feeds)[0])
+    assert calls == [(1, 64)]
+
+
 def test_a_residual_that_is_also_an_output_is_not_overwritten() -> None:
     # s feeds the second layer's fused residual sum and is itself a graph output
     nodes = [node("MatMul", ["x", "w1"], ["s"]), node("MatMul", ["s", "w2"], ["m"]), node("Add", ["m", "s"], ["y"])]
