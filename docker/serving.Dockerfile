@@ -35,7 +35,7 @@ COPY pipeline ./pipeline
 COPY operators ./operators
 RUN /opt/kubetrt/bin/pip install --no-deps --no-build-isolation . && /opt/kubetrt/bin/pip check && rm -rf build
 WORKDIR /
-# GNU OpenMP runtime for the onednn extra's libdnnl (about 300 KB): from apt only if the base lacks it.
+# GNU OpenMP runtime (about 300 KB) for the onednn extra's libdnnl and the packed dense kernel: from apt only if the base lacks it.
 RUN ldconfig -p | grep -q 'libgomp\.so\.1' \
  || (apt-get update && apt-get install -y --no-install-recommends libgomp1 && rm -rf /var/lib/apt/lists/*)
 ENV PATH=/opt/kubetrt/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp

@@ -3,15 +3,15 @@ register-tiled kernel and the OpenMP team.
 
 Why, beside oneDNN's inner product: at a few rows (batch 1, a short sequence) a layer takes a
 few microseconds, and a oneDNN primitive call's fixed costs and its GEMV lose to this kernel
-there (the MLP and the transformer at batch 1 in bench/runtime.py); at more rows oneDNN keeps
-up or leads, so the runtime picks by row count (MAX_ROWS). Without oneDNN it runs every float32
-dense layer.
+there, as do NumPy's matmul and separate epilogue on a classifier head (the MLP, the small CNN
+and the transformer at batch 1 in bench/runtime.py); at more rows oneDNN keeps up or leads, so
+the runtime picks by row count (MAX_ROWS). Without oneDNN it runs every float32 dense layer.
 
 How: W is packed once into panels of NR columns, each panel (K, NR) contiguous and zero-padded.
 A call computes MR x NR tiles of the output whose accumulators stay in registers: the tile is a
 stack array, which LLVM promotes (a heap array would be re-read and re-written every step of K).
-Bias, residual and the activation (the numba scalar forms) are applied to the tile as it is
-stored. Threads take contiguous ranges of (row block, panel) tiles. The team is started from
+The sums start from the bias and the residual, and the activation (a numba scalar form) is
+applied to the tile before it is stored. Threads take contiguous ranges of (row block, panel) tiles. The team is started from
 jitted code with GOMP_parallel, on the worker threads oneDNN's calls use, and sized per shape by
 omp.TeamChoice.
 """
