@@ -27,6 +27,19 @@ ACTIVATIONS: list[tuple[str, Any]] = [("none", None), ("relu", ("Relu", {})), ("
                                       ("gelu", ("Gelu", {}))]
 
 
+@pytest.fixture
+def packed_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Records the input shape of every call the packed kernel runs."""
+    calls: list[tuple[int, ...]] = []
+    real = sgemm.PackedDense.__call__
+
+    def spy(self: sgemm.PackedDense, a: np.ndarray, *rest: Any, **kw: Any) -> np.ndarray:
+        calls.append(a.shape)
+        return real(self, a, *rest, **kw)
+    monkeypatch.setattr(sgemm.PackedDense, "__call__", spy)
+    return calls
+
+
 def f32(*shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
@@ -124,14 +137,7 @@ def test_bad_input_is_named() -> None:
 
 
 @pytest.mark.parametrize("batch", [1, 4], ids=["few-rows", "many-rows"])
-def test_plans_run_dense_layers_of_few_rows_on_it_and_match_onnxruntime(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[int, ...]] = []
-    real = sgemm.PackedDense.__call__
-
-    def spy(self: sgemm.PackedDense, a: np.ndarray, *rest: Any, **kw: Any) -> np.ndarray:
-        calls.append(a.shape)
-        return real(self, a, *rest, **kw)
-    monkeypatch.setattr(sgemm.PackedDense, "__call__", spy)
+def test_plans_run_dense_layers_of_few_rows_on_it_and_match_onnxruntime(batch: int, packed_calls: list[tuple[int, ...]]) -> None:
     # dense + bias + ReLU, then a second dense whose residual is the first one's output (rank 3)
     nodes = [node("MatMul", ["x", "w1"], ["m1"]), node("Add", ["m1", "b1"], ["a1"]), node("Relu", ["a1"], ["h"]),
              node("MatMul", ["h", "w2"], ["m2"]), node("Add", ["m2", "h"], ["y"])]
@@ -142,22 +148,15 @@ def test_plans_run_dense_layers_of_few_rows_on_it_and_match_onnxruntime(batch: i
     assert ops == ["FusedMatMul", "FusedMatMul"], ops
     few = batch * 13 <= sgemm.MAX_ROWS
     assert few == (batch == 1)
-    assert calls == ([(batch, 13, 64), (batch, 13, 96)] if few or not onednn.AVAILABLE else []), calls
+    assert packed_calls == ([(batch, 13, 64), (batch, 13, 96)] if few or not onednn.AVAILABLE else []), packed_calls
 
 
-def test_a_batch_one_classifier_head_runs_here_however_small(monkeypatch: pytest.MonkeyPatch) -> None:
-    calls: list[tuple[int, ...]] = []
-    real = sgemm.PackedDense.__call__
-
-    def spy(self: sgemm.PackedDense, a: np.ndarray, *rest: Any, **kw: Any) -> np.ndarray:
-        calls.append(a.shape)
-        return real(self, a, *rest, **kw)
-    monkeypatch.setattr(sgemm.PackedDense, "__call__", spy)
+def test_a_batch_one_classifier_head_runs_here_however_small(packed_calls: list[tuple[int, ...]]) -> None:
     nodes = [node("MatMul", ["x", "w"], ["m"]), node("Add", ["m", "b"], ["y"])]
     feeds = {"x": f32(1, 64)}
     model = make_model(nodes, feeds, ["y"], {"w": f32(64, 10), "b": f32(10)})
     close(run_plan(model, feeds)[0][0], run_ort(model, feeds)[0])
-    assert calls == [(1, 64)]
+    assert packed_calls == [(1, 64)]
 
 
 def test_a_residual_that_is_also_an_output_is_not_overwritten() -> None:
