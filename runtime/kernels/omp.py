@@ -59,7 +59,7 @@ class TeamChoice:
     runtime's pool in this process) holds one of the cores, every call waits for the thread it
     descheduled and takes several times longer, where one thread alone loses only the second
     core. Neither choice is right everywhere, so both are timed: each call runs the variant whose
-    recent mean (EWMA, weight ALPHA) is lower (one thread by MARGIN), and every EXPLORE-th call the other one, so a
+    recent time (a faster call counts at once, a slower one by ALPHA) is lower (one thread by MARGIN), and every EXPLORE-th call the other one, so a
     neighbour that comes or goes is noticed within a few dozen calls.
     """
 
@@ -93,7 +93,9 @@ class TeamChoice:
         if self.calls <= self.WARM:  # first calls pay one-time costs (compiling, loading, first touch)
             return
         m = self.mean[serial]
-        self.mean[serial] = seconds if m is None else m + self.ALPHA * (seconds - m)
+        # a faster call counts at once, a slower one by ALPHA: one stall (a descheduled thread, a
+        # page fault) must not hold the other variant for thousands of calls, as an average would
+        self.mean[serial] = seconds if m is None or seconds < m else m + self.ALPHA * (seconds - m)
 
 
 class TeamOf:

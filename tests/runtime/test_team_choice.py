@@ -31,6 +31,18 @@ def test_choice_follows_the_faster_team_and_keeps_exploring(monkeypatch: pytest.
     assert sum(calm[-200:]) <= 200 // TeamChoice.EXPLORE + 1, "the team is taken back once it is faster again"
 
 
+@pytest.mark.skipif(not TeamChoice.CAPABLE, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
+def test_one_stall_does_not_hold_the_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
+    choice = TeamChoice()
+    drive(choice, team_s=1e-3, alone_s=1.7e-3, calls=40)
+    choice.record(False, 50e-3)  # one team call stalls (a descheduled thread)
+    after = drive(choice, team_s=1e-3, alone_s=1.7e-3, calls=2 * TeamChoice.EXPLORE + 2)
+    back = after[TeamChoice.EXPLORE + 1:]
+    assert sum(back) <= len(back) // TeamChoice.EXPLORE + 1, "the team is back after its next fast call, one thread only explores"
+    assert choice.mean[0] == pytest.approx(1e-3)
+
+
 @pytest.mark.skipif(not onednn.AVAILABLE, reason="oneDNN is not installed (the `onednn` extra)")
 def test_single_threaded_primitives_give_the_same_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
     rng = np.random.default_rng(5)
