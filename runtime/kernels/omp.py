@@ -59,8 +59,9 @@ class TeamChoice:
     runtime's pool in this process) holds one of the cores, every call waits for the thread it
     descheduled and takes several times longer, where one thread alone loses only the second
     core. Neither choice is right everywhere, so both are timed: each call runs the variant whose
-    recent time (a faster call counts at once, a slower one by ALPHA) is lower (one thread by MARGIN), and every EXPLORE-th call the other one, so a
-    neighbour that comes or goes is noticed within a few dozen calls.
+    recent time (a faster call counts at once, a slower one by ALPHA) is lower (one thread by
+    MARGIN), and every EXPLORE-th call the other one, so a neighbour that comes or goes is noticed
+    within a few hundred calls.
     """
 
     ALPHA, EXPLORE, WARM = 0.25, 256, 4
