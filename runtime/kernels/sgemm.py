@@ -11,15 +11,16 @@ How: W is packed once into panels of NR columns, each panel (K, NR) contiguous a
 A call computes MR x NR tiles of the output whose accumulators stay in registers: the tile is a
 stack array, which LLVM promotes (a heap array would be re-read and re-written every step of K).
 The sums start from the bias and the residual, and the activation (a numba scalar form) is
-applied to the tile before it is stored. Threads take contiguous ranges of (row block, panel) tiles. The team is started from
-jitted code with GOMP_parallel, on the worker threads oneDNN's calls use, and sized per shape by
-omp.TeamChoice.
+applied to the tile before it is stored. Threads take contiguous ranges of (row block, panel)
+tiles. The team is started from jitted code with GOMP_parallel, on the worker threads oneDNN's
+calls use, and sized per shape by omp.TeamChoice. The panels are made on a layer's first call
+here: where oneDNN takes every call (larger batches), the weights are not held twice.
 """
 from __future__ import annotations
 
 import functools
 import time
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -235,6 +236,15 @@ def _packed(w: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(padded.reshape(k, count, NR).transpose(1, 0, 2))
 
 
+class _Packing(NamedTuple):
+    """What the team reads, by address through `consts`: a call holds this while it runs."""
+
+    consts: np.ndarray
+    panels: np.ndarray
+    bias: np.ndarray
+    bounds: np.ndarray
+
+
 class PackedDense:
     """y = act(a @ w + bias [+ residual]) for float32 a (..., K) and constant w (K, N); the
     activation is one of the numba kernels' scalar forms (activations.scalar_form)."""
@@ -244,16 +254,22 @@ class PackedDense:
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, form: activations.Scalar, residual: bool, name: str = "matmul") -> None:
         self.k, self.n = w.shape
         self.residual, self.name = residual, name
-        self.panels = _packed(w)
-        self.bias = np.zeros(self.panels.shape[0] * NR, _F32)  # padded like the panels: whole tiles add it
-        if bias is not None:
-            self.bias[:self.n] = bias
-        self.bounds = np.array(form[1:], dtype=_F32)
-        self.consts = np.zeros(_MEMBER + 1, np.int64)
-        self.consts[[_PANELS, _BIAS, _BOUNDS]] = [self.panels.ctypes.data, self.bias.ctypes.data, self.bounds.ctypes.data]
-        self.consts[[_FORM, _K, _N, _P]] = [form[0], self.k, self.n, self.panels.shape[0]]
-        self.consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, _member_address()]
+        self._w, self._bias, self._form = w, bias, form
         self._choices: dict[int, TeamChoice] = {}
+
+    @functools.cached_property
+    def _packing(self) -> _Packing:
+        # Two threads' first calls may both pack: each holds its own result, one is kept.
+        panels = _packed(self._w)
+        bias = np.zeros(panels.shape[0] * NR, _F32)  # padded like the panels: whole tiles add it
+        if self._bias is not None:
+            bias[:self.n] = self._bias
+        bounds = np.array(self._form[1:], dtype=_F32)
+        consts = np.zeros(_MEMBER + 1, np.int64)
+        consts[[_PANELS, _BIAS, _BOUNDS]] = [panels.ctypes.data, bias.ctypes.data, bounds.ctypes.data]
+        consts[[_FORM, _K, _N, _P]] = [self._form[0], self.k, self.n, panels.shape[0]]
+        consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, _member_address()]
+        return _Packing(consts, panels, bias, bounds)
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         k, n = self.k, self.n
@@ -276,15 +292,15 @@ class PackedDense:
             out = res = np.empty(shape, dtype=_F32)
         if m == 0:
             return out
+        packing = self._packing
         choice = self._choices.get(m) or self._choices.setdefault(m, TeamChoice())
         serial = choice.pick()
         start = time.perf_counter()
-        if flat:
-            _run(self.consts, rows, out, res, self.residual, 1 if serial else omp.TEAM)
-        else:
-            _run(self.consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, 1 if serial else omp.TEAM)
+        _run(packing.consts, rows, out if flat else out.reshape(m, n), res if flat else res.reshape(m, n),
+             self.residual, 1 if serial else omp.TEAM)
         choice.record(serial, time.perf_counter() - start)
         return out
+
 
 def dense_for_node(spec: Any, w: np.ndarray | None) -> PackedDense | None:
     """The packed kernel for a FusedMatMul node with constant 2-D float32 weights, a constant
