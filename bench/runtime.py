@@ -240,6 +240,9 @@ def model_flops(package: Path) -> float:
         elif n.op in ("MatMul", "FusedMatMul", "Gemm"):
             a = vals[n.inputs[0]].shape
             total += 2 * size * (a[-1] if a else 0)
+        elif n.op == "DenseChain":  # each layer's rows x K x N: the rows are the output's
+            rows = size / out.shape[-1]
+            total += sum(2 * rows * g.constants[w].size for w in n.inputs[1::2])
     return total
 
 

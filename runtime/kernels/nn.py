@@ -351,6 +351,46 @@ def matmul(spec: KernelSpec) -> Run:
     return run
 
 
+def _chain_shape(spec: KernelSpec) -> OutputShapes:
+    a, w = spec.shapes[0], spec.shapes[-2]
+    if a is None or w is None:
+        return [(None, spec.dtypes[0])]
+    return [(tuple(a[:-1]) + (w[-1],), spec.dtypes[0])]
+
+
+def _chain_layers(spec: KernelSpec) -> list[KernelSpec]:
+    """Each layer of a DenseChain(a, w1, b1, ..., wL, bL) as the FusedMatMul it was."""
+    layers = []
+    for i, (act, name) in enumerate(zip(spec.attr("activations"), spec.attr("layers"))):
+        w_at = 1 + 2 * i
+        w, b = spec.const(w_at), spec.const(w_at + 1)
+        if w is None or w.ndim != 2 or (spec.has(w_at + 1) and b is None):
+            raise ValueError(f"DenseChain {spec.name}: layer {name} needs constant 2-D weights and a constant bias")
+        shape = None if spec.shapes[0] is None else tuple(spec.shapes[0][:-1]) + (w.shape[0],)
+        layers.append(KernelSpec("FusedMatMul", name, {"activation": act}, [None, w, b], [shape, w.shape, None if b is None else b.shape],
+                                 [spec.dtypes[0]] * 3, present=[True, True, spec.has(w_at + 1)]))
+    return layers
+
+
+@register("DenseChain", _chain_shape)
+def dense_chain(spec: KernelSpec) -> Run:
+    """DenseChain(a, w1, b1, ..., wL, bL): the layers in order, each act(y @ w + b). At the row
+    counts where the packed kernel runs a layer, one chained call runs them all; otherwise each
+    layer runs as its FusedMatMul would."""
+    layers = _chain_layers(spec)
+    runs = [matmul(layer) for layer in layers]
+    chain = sgemm.chain_for_layers([sgemm.dense_for_node(layer, layer.const(1)) for layer in layers], spec.name)
+
+    def run(a: np.ndarray, *weights: np.ndarray | None) -> tuple[np.ndarray, ...]:
+        if chain is not None and a.dtype == np.float32 and a.size <= sgemm.MAX_ROWS * a.shape[-1]:
+            return (chain(a),)
+        for i, layer in enumerate(runs):
+            a = layer(a, weights[2 * i], weights[2 * i + 1])[0]
+        return (a,)
+
+    return run
+
+
 def _gemm_shape(spec: KernelSpec) -> OutputShapes:
     a, b = spec.shapes[0], spec.shapes[1]
     if a is None or b is None:

@@ -37,8 +37,10 @@ AVAILABLE = _gomp is not None
 if _gomp is not None:
     _gomp.omp_set_num_threads.argtypes, _gomp.omp_set_num_threads.restype = [ctypes.c_int], None
 TEAM = int(_gomp.omp_get_max_threads()) if _gomp is not None else 1  # the default team size
-# Entry points jitted code calls by address (jit.c_call*): start a team on fn(data), and a member's place in it.
+# Entry points jitted code calls by address (jit.c_call*): start a team on fn(data), wait for the
+# whole team, and a member's place in it.
 PARALLEL = _address(_gomp, "GOMP_parallel")
+BARRIER = _address(_gomp, "GOMP_barrier")
 THREAD_NUM = _address(_gomp, "omp_get_thread_num")
 NUM_THREADS = _address(_gomp, "omp_get_num_threads")
 

@@ -481,7 +481,7 @@ class _FusedOp:
 
     def __del__(self) -> None:
         if _lib is not None:
-            for md, _ in self._weights:
+            for md, _ in getattr(self, "_weights", ()):  # absent when construction failed
                 _lib.dnnl_memory_desc_destroy(md)
 
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import time
-from typing import Any, NamedTuple
+from typing import Any, Callable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -37,6 +37,9 @@ _F32 = np.dtype(np.float32)
 # The block of int64 words each call hands the team, and the kernel's constant block it points to.
 _CONSTS, _A, _C, _RES, _M, _HAS_RES, _TASKS = range(7)
 _PANELS, _BIAS, _BOUNDS, _FORM, _K, _N, _P, _THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER = range(11)
+# A chain's call block, and its constant block: a header, then each layer's constant block's address.
+_CHAIN_HEAD, _CHAIN_A, _CHAIN_C, _CHAIN_SCRATCH, _CHAIN_M = range(5)
+_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_MEMBER, _H_BARRIER, _HEADER = range(7)
 
 AVAILABLE = jit.AVAILABLE and omp.PARALLEL != 0
 
@@ -196,7 +199,7 @@ if jit.numba is not None:
             if p == count:
                 block, p = block + 1, 0
 
-    def _member(data):  # compiled into a C callable by _member_address
+    def _member(data):  # compiled into a C callable by _entry_address
         q = carray(_int64s_at(data), (_TASKS + 1,))
         kc = carray(_int64s_at(q[_CONSTS]), (_MEMBER + 1,))
         k, n, count, m = kc[_K], kc[_N], kc[_P], q[_M]
@@ -215,15 +218,45 @@ if jit.numba is not None:
         q[_M], q[_HAS_RES], q[_TASKS] = a.shape[0], has_res, (a.shape[0] + MR - 1) // MR * consts[_P]
         jit.c_call4(consts[_PARALLEL], consts[_MEMBER], q.ctypes.data, threads, 0)
 
+    def _chain_member(data):  # compiled into a C callable by _entry_address
+        q = carray(_int64s_at(data), (_CHAIN_M + 1,))
+        layers = carray(_int64s_at(q[_CHAIN_HEAD]), (_HEADER,))[_LAYERS]
+        h = carray(_int64s_at(q[_CHAIN_HEAD]), (_HEADER + layers,))
+        team, me = jit.c_call0(h[_H_NUM_THREADS]), jit.c_call0(h[_H_THREAD_NUM])
+        m, a_at, free_at = q[_CHAIN_M], q[_CHAIN_A], q[_CHAIN_SCRATCH]
+        for layer in range(layers):
+            kc = carray(_int64s_at(h[_HEADER + layer]), (_MEMBER + 1,))
+            k, n, count = kc[_K], kc[_N], kc[_P]
+            last = layer == layers - 1
+            c_at = q[_CHAIN_C] if last else free_at
+            c = carray(_float32s_at(c_at), (m, n))
+            bounds = carray(_float32s_at(kc[_BOUNDS]), (2,))
+            tasks = (m + MR - 1) // MR * count
+            _tiles(carray(_float32s_at(a_at), (m, k)), carray(_float32s_at(kc[_PANELS]), (count, k, NR)), c, c,
+                   carray(_float32s_at(kc[_BIAS]), (count * NR,)), False, kc[_FORM], bounds[0], bounds[1],
+                   tasks * me // team, tasks * (me + 1) // team)
+            if not last:  # the next layer reads every row this one wrote
+                jit.c_call0(h[_H_BARRIER])
+                a_at, free_at = c_at, free_at + m * n * 4
 
-@functools.lru_cache(maxsize=1)
-def _member_address() -> int:
-    """The team members' entry point, fn(void *block), compiled on first use."""
+    @jit.njit(cache=True, nogil=True)
+    def _run_chain(head, a, c, scratch_width, threads):
+        scratch = np.empty(a.shape[0] * scratch_width, np.float32)
+        q = np.empty(_CHAIN_M + 1, np.int64)
+        q[_CHAIN_HEAD], q[_CHAIN_A], q[_CHAIN_C], q[_CHAIN_SCRATCH] = head.ctypes.data, a.ctypes.data, c.ctypes.data, scratch.ctypes.data
+        q[_CHAIN_M] = a.shape[0]
+        jit.c_call4(head[_H_PARALLEL], head[_H_MEMBER], q.ctypes.data, threads, 0)
+        return scratch.shape[0]  # a use after the team's: the scratch lives until the team is done
+
+
+@functools.lru_cache(maxsize=2)
+def _entry_address(member: Any) -> int:
+    """A team members' entry point, fn(void *block), compiled on first use."""
     import numba
 
-    address = numba.cfunc(types.void(types.voidptr), cache=jit.CACHE)(_member).address
+    address = numba.cfunc(types.void(types.voidptr), cache=jit.CACHE)(member).address
     if not address:
-        raise RuntimeError("numba compiled the dense kernel's team entry point without an address")
+        raise RuntimeError(f"numba compiled the dense kernel's team entry point {member.__name__} without an address")
     return int(address)
 
 
@@ -268,17 +301,12 @@ class PackedDense:
         consts = np.zeros(_MEMBER + 1, np.int64)
         consts[[_PANELS, _BIAS, _BOUNDS]] = [panels.ctypes.data, bias.ctypes.data, bounds.ctypes.data]
         consts[[_FORM, _K, _N, _P]] = [self._form[0], self.k, self.n, panels.shape[0]]
-        consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, _member_address()]
+        consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, _entry_address(_member)]
         return _Packing(consts, panels, bias, bounds)
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
-        k, n = self.k, self.n
-        if a.dtype != _F32 or a.shape[-1:] != (k,):
-            raise ValueError(f"MatMul {self.name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
-        flat = a.ndim == 2 and a.flags.c_contiguous  # the common case pays no reshapes
-        rows = a if flat else np.ascontiguousarray(a).reshape(-1, k)
-        m = rows.shape[0]
-        shape = (m, n) if flat else a.shape[:-1] + (n,)
+        rows, shape = _rows(a, self.k, self.n, self.name)
+        m, n = rows.shape[0], self.n
         if self.residual:
             if residual is None:
                 raise ValueError(f"MatMul {self.name}: built with a residual sum, but no residual was passed")
@@ -290,15 +318,72 @@ class PackedDense:
                 out, res = np.empty(shape, dtype=_F32), np.ascontiguousarray(residual)
         else:
             out = res = np.empty(shape, dtype=_F32)
-        if m == 0:
-            return out
-        packing = self._packing
-        choice = self._choices.get(m) or self._choices.setdefault(m, TeamChoice())
-        serial = choice.pick()
-        start = time.perf_counter()
-        _run(packing.consts, rows, out if flat else out.reshape(m, n), res if flat else res.reshape(m, n),
-             self.residual, 1 if serial else omp.TEAM)
-        choice.record(serial, time.perf_counter() - start)
+        if m:
+            consts = self._packing.consts
+            _timed(self._choices, m, lambda threads: _run(consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, threads))
+        return out
+
+
+def _rows(a: np.ndarray, k: int, n: int, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
+    """a (..., k) as C-contiguous rows, and the output's shape (..., n)."""
+    if a.dtype != _F32 or a.shape[-1:] != (k,):
+        raise ValueError(f"MatMul {name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
+    if a.ndim == 2 and a.flags.c_contiguous:  # the common case pays no reshapes
+        return a, (a.shape[0], n)
+    return np.ascontiguousarray(a).reshape(-1, k), a.shape[:-1] + (n,)
+
+
+def _timed(choices: dict[int, TeamChoice], m: int, run: Callable[[int], object]) -> None:
+    """run(team size) on the team TeamChoice picks for m rows, timed for it."""
+    choice = choices.get(m) or choices.setdefault(m, TeamChoice())
+    serial = choice.pick()
+    start = time.perf_counter()
+    run(1 if serial else omp.TEAM)
+    choice.record(serial, time.perf_counter() - start)
+
+
+class _Chained(NamedTuple):
+    """What the team reads through a chain's header: the layers' packings, held while a call runs."""
+
+    head: np.ndarray
+    packings: tuple[_Packing, ...]
+
+
+class PackedChain:
+    """Dense layers in sequence, each feeding only the next: one team call runs them all, its
+    members passing a barrier between layers, where a call per layer would pay the Python call,
+    its checks and a team start each time (the larger part of a small layer's time at batch 1)."""
+
+    kind = "MatMul"
+
+    def __init__(self, layers: Sequence[PackedDense], name: str = "dense_chain") -> None:
+        if not layers or any(layer.residual for layer in layers):
+            raise ValueError(f"dense chain {name}: needs at least one layer and no residual sums")
+        for before, after in zip(layers, layers[1:]):
+            if before.n != after.k:
+                raise ValueError(f"dense chain {name}: layer {after.name} takes {after.k} features, {before.name} gives {before.n}")
+        self.layers, self.name = tuple(layers), name
+        self.k, self.n = layers[0].k, layers[-1].n
+        self._scratch_width = sum(layer.n for layer in layers[:-1])  # floats per row between layers
+        self._choices: dict[int, TeamChoice] = {}
+
+    @functools.cached_property
+    def _chained(self) -> _Chained:
+        packings = tuple(layer._packing for layer in self.layers)
+        head = np.zeros(_HEADER + len(packings), np.int64)
+        head[[_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_BARRIER]] = [
+            len(packings), omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, omp.BARRIER]
+        head[_H_MEMBER] = _entry_address(_chain_member)
+        head[_HEADER:] = [p.consts.ctypes.data for p in packings]
+        return _Chained(head, packings)
+
+    def __call__(self, a: np.ndarray) -> np.ndarray:
+        rows, shape = _rows(a, self.k, self.n, self.name)
+        out = np.empty(shape, dtype=_F32)
+        m = rows.shape[0]
+        if m:
+            head, width = self._chained.head, self._scratch_width
+            _timed(self._choices, m, lambda threads: _run_chain(head, rows, out.reshape(m, self.n), width, threads))
         return out
 
 
@@ -313,3 +398,9 @@ def dense_for_node(spec: Any, w: np.ndarray | None) -> PackedDense | None:
         return None
     return PackedDense(w, bias, form, residual=spec.has(3), name=spec.name)
 
+
+
+def chain_for_layers(layers: Sequence[PackedDense | None], name: str) -> PackedChain | None:
+    """The chained kernel over these layers' packed kernels, or None where one has none."""
+    packed = [layer for layer in layers if layer is not None]
+    return PackedChain(packed, name) if AVAILABLE and packed and len(packed) == len(layers) else None

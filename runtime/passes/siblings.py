@@ -14,7 +14,7 @@ from ..graph import Graph, Node, ValueInfo, toposort, unique_name
 DENSE = frozenset({"MatMul", "FusedMatMul"})
 
 
-def _weights(graph: Graph, node: Node) -> np.ndarray | None:
+def constant_dense_weights(graph: Graph, node: Node) -> np.ndarray | None:
     """The constant (K, N) float32 weights of a dense layer that may merge: no residual, no other
     attribute than its activation, a constant 1-D bias if any."""
     if node.op not in DENSE or len(node.inputs) > 3 or set(node.attrs) - {"activation"} or not node.inputs[0]:
@@ -37,7 +37,7 @@ def _bias(graph: Graph, node: Node, n: int) -> np.ndarray:
 def merge_sibling_matmuls(graph: Graph) -> Graph:
     groups: dict[tuple[str, int, Any], list[Node]] = {}
     for node in graph.nodes:
-        w = _weights(graph, node)
+        w = constant_dense_weights(graph, node)
         if w is not None:
             groups.setdefault((node.inputs[0], w.shape[0], repr(node.attrs.get("activation"))), []).append(node)
     siblings = [g for g in groups.values() if len(g) > 1]

@@ -1,0 +1,171 @@
+"""Dense chains: the pass that joins dense layers feeding only each other into one DenseChain
+node (runtime/passes/chains.py) and the kernel that runs it in one team call at few rows
+(sgemm.PackedChain), layer by layer beyond. Against float64 NumPy and, in plans, onnxruntime;
+fp32 tolerance from the one table (runtime/accuracy.py)."""
+from __future__ import annotations
+
+import math
+import threading
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kubetrt.runtime.accuracy import tolerance_for
+from kubetrt.runtime.kernels import onednn, sgemm
+from kubetrt.runtime.kernels.activations import scalar_form
+from kubetrt.runtime.kernels.omp import TeamChoice
+from onnx_cases import make_model, node, run_ort, run_plan
+
+pytestmark = pytest.mark.skipif(not sgemm.AVAILABLE, reason="numba or libgomp is missing: dense layers run one by one")
+TOL = tolerance_for("fp32", "host")
+rng = np.random.default_rng(29)
+RELU, CLIP, GELU = ("Relu", {}), ("Clip", {"min": -0.5, "max": 0.75}), ("Gelu", {})
+
+
+def f32(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def close(got: np.ndarray, want: np.ndarray) -> None:
+    np.testing.assert_allclose(got, want, rtol=TOL.rtol, atol=TOL.atol)
+
+
+@pytest.fixture
+def chain_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[int, ...]]:
+    """Records the input shape of every call the chained kernel runs."""
+    calls: list[tuple[int, ...]] = []
+    real = sgemm.PackedChain.__call__
+
+    def spy(self: sgemm.PackedChain, a: np.ndarray) -> np.ndarray:
+        calls.append(a.shape)
+        return real(self, a)
+    monkeypatch.setattr(sgemm.PackedChain, "__call__", spy)
+    return calls
+
+
+def layers(widths: list[int], acts: list[Any], bias: bool = True) -> list[sgemm.PackedDense]:
+    return [sgemm.PackedDense(f32(k, n) * 0.3, f32(n) if bias else None, scalar_form(act), residual=False, name=f"fc{i}")
+            for i, (k, n, act) in enumerate(zip(widths, widths[1:], acts))]
+
+
+@pytest.mark.parametrize("m", [1, 3, 4, 5, 16])
+@pytest.mark.parametrize("bias", [True, False], ids=["bias", "no-bias"])
+def test_a_chain_gives_the_bits_of_its_layers_one_by_one(m: int, bias: bool) -> None:
+    # widths around the panel (16) and the tile edges; each tile is summed in the same order either way
+    dense = layers([33, 40, 17, 9], [RELU, GELU, CLIP], bias)
+    a = f32(m, 33)
+    want = a
+    for layer in dense:
+        want = layer(want)
+    got = sgemm.PackedChain(dense)(a)
+    assert got.shape == (m, 9) and got.dtype == np.float32
+    np.testing.assert_array_equal(got, want)
+    ref = a.astype(np.float64)
+    for layer, act in zip(dense, [RELU, GELU, CLIP]):
+        ref = ref @ layer._w.astype(np.float64) + (0 if layer._bias is None else layer._bias)
+        form = scalar_form(act)
+        assert form is not None
+        ref = 0.5 * ref * (1 + np.vectorize(math.erf)(ref / math.sqrt(2))) if act is GELU else np.clip(ref, form[1], form[2])
+    close(got, ref)
+
+
+def test_a_team_of_one_gives_the_same_bits_as_the_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    dense, a = layers([64, 80, 48, 10], [RELU, RELU, None]), f32(7, 64)
+    results = []
+    for serial in (False, True):
+        monkeypatch.setattr(TeamChoice, "pick", lambda self, s=serial: s)
+        results.append(sgemm.PackedChain(dense)(a))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_rows_of_any_rank_and_none_at_all() -> None:
+    dense = layers([12, 20, 5], [RELU, None])
+    chain = sgemm.PackedChain(dense)
+    a = f32(2, 3, 12)
+    np.testing.assert_array_equal(chain(a), dense[1](dense[0](a)))
+    assert chain(f32(0, 12)).shape == (0, 5)
+    assert chain(a[:, ::2]).shape == (2, 2, 5), "a strided view is read as rows"
+
+
+def test_threads_sharing_one_chain_get_their_own_results() -> None:
+    dense = layers([48, 40, 24], [RELU, None])
+    chain = sgemm.PackedChain(dense)
+    inputs = [f32(m, 48) for m in (1, 4, 9, 16)]
+    errors: list[BaseException] = []
+
+    def work(a: np.ndarray) -> None:
+        try:
+            want = dense[1](dense[0](a))
+            for _ in range(50):
+                np.testing.assert_array_equal(chain(a), want)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+    threads = [threading.Thread(target=work, args=(a,)) for a in inputs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors[0]
+
+
+def test_bad_input_and_bad_chains_are_named() -> None:
+    chain = sgemm.PackedChain(layers([6, 4, 3], [None, None]), name="head")
+    with pytest.raises(ValueError, match=r"MatMul head: expected a float32 input of shape \[\.\.\., 6\], got float32 of shape \(2, 5\)"):
+        chain(f32(2, 5))
+    with pytest.raises(ValueError, match=r"MatMul head: expected a float32 input .* got float64"):
+        chain(np.zeros((2, 6)))
+    a, b = layers([6, 4], [None])[0], layers([5, 3], [None])[0]
+    with pytest.raises(ValueError, match="dense chain mlp: layer fc0 takes 5 features, fc0 gives 4"):
+        sgemm.PackedChain([a, b], name="mlp")
+    with pytest.raises(ValueError, match="no residual sums"):
+        sgemm.PackedChain([sgemm.PackedDense(f32(4, 4), None, scalar_form(None), residual=True)])
+
+
+def mlp(activations: list[str | None], widths: list[int]) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """MatMul + Add [+ activation] per layer, as an exporter writes a Keras MLP; then Softmax."""
+    nodes, init, x = [], {}, "x"
+    for i, (k, n, act) in enumerate(zip(widths, widths[1:], activations)):
+        init[f"w{i}"], init[f"b{i}"] = f32(k, n) * 0.2, f32(n)
+        nodes += [node("MatMul", [x, f"w{i}"], [f"m{i}"]), node("Add", [f"m{i}", f"b{i}"], [f"a{i}"])]
+        x = f"a{i}"
+        if act is not None:
+            nodes.append(node(act, [x], [f"h{i}"]))
+            x = f"h{i}"
+    nodes.append(node("Softmax", [x], ["y"], axis=-1))
+    return nodes, init
+
+
+@pytest.mark.parametrize("batch", [1, 16, 32])
+def test_an_mlp_becomes_one_chain_that_matches_onnxruntime(batch: int, chain_calls: list[tuple[int, ...]]) -> None:
+    nodes, init = mlp(["Relu", "Relu", None], [64, 96, 96, 10])
+    feeds = {"x": f32(batch, 64)}
+    model = make_model(nodes, feeds, ["y"], init)
+    (got,), ops = run_plan(model, feeds)
+    close(got, run_ort(model, feeds)[0])
+    assert ops == ["DenseChain", "Softmax"], ops
+    chained = batch <= sgemm.MAX_ROWS or not onednn.AVAILABLE
+    assert chain_calls == ([(batch, 64)] if chained else []), chain_calls
+
+
+def test_what_a_chain_stops_at(chain_calls: list[tuple[int, ...]]) -> None:
+    # a Sigmoid (no scalar form in the packed kernel) ends one chain; a value read twice ends the next
+    nodes, init = mlp(["Relu", "Sigmoid", "Relu", "Relu", None], [32, 24, 24, 16, 16, 8])
+    nodes.append(node("Relu", ["h2"], ["z"]))  # h2, layer 2's output, is read by layer 3 and by this Relu
+    feeds = {"x": f32(1, 32)}
+    model = make_model(nodes, feeds, ["y", "z"], init)
+    got, ops = run_plan(model, feeds)
+    for g, w in zip(got, run_ort(model, feeds)):
+        close(g, w)
+    assert ops.count("DenseChain") == 1 and ops.count("FusedMatMul") == 3, ops
+    assert chain_calls == [(1, 16)], "the chain is layers 3 and 4, after the value read twice"
+
+
+def test_a_residual_layer_is_not_chained() -> None:
+    nodes = [node("MatMul", ["x", "w0"], ["h"]), node("Relu", ["h"], ["r"]), node("MatMul", ["r", "w1"], ["m"]),
+             node("Add", ["m", "r"], ["y"])]
+    feeds = {"x": f32(2, 24)}
+    model = make_model(nodes, feeds, ["y"], {"w0": f32(24, 24), "w1": f32(24, 24)})
+    (got,), ops = run_plan(model, feeds)
+    close(got, run_ort(model, feeds)[0])
+    assert ops == ["FusedMatMul", "FusedMatMul"], ops
