@@ -302,6 +302,33 @@ if numba is not None:
 
 if numba is not None:
 
+    @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _global_average_nhwc(x, out):
+        n, h, w, c = x.shape
+        inv = x.dtype.type(1.0 / (h * w))
+        for b in range(n):
+            acc = out[b, 0, 0]
+            acc[:] = 0
+            for i in range(h):
+                for j in range(w):
+                    px = x[b, i, j]
+                    for ch in range(c):
+                        acc[ch] += px[ch]
+            for ch in range(c):
+                acc[ch] *= inv
+
+
+def global_average_nhwc(x: np.ndarray) -> np.ndarray:
+    """The mean over H and W of a float32 NHWC tensor, in one pass on the calling thread: for a
+    classifier's head at a few images, a fraction of a oneDNN pooling call or NumPy's GEMV."""
+    n, _, _, c = x.shape
+    out = np.empty((n, 1, 1, c), dtype=x.dtype)
+    _global_average_nhwc(np.ascontiguousarray(x), out)
+    return out
+
+
+if numba is not None:
+
     @njit(cache=True, nogil=True)
     def _quantize(x, scale, zero_point, lo, hi, out, start, stop):
         # all operands float32, and a loop over slices from 0: written otherwise (a float64
@@ -417,7 +444,7 @@ if numba is not None:
             y[i] = expf(y[i])
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath={"reassoc"})
-    def _softmax_rows(flat, width, log, scale, start, stop):
+    def softmax_row_range(flat, width, log, scale, start, stop):
         # in place over rows [start, stop) of a C-contiguous array seen flat: each row scaled and
         # shifted by its max, then exp as one flat loop over the block (it vectorizes however short
         # the rows are), then each row scaled by its sum (softmax) or shifted by its log (log-softmax)
@@ -456,7 +483,7 @@ def softmax_rows(x: np.ndarray, log: bool, scale: float = 1.0) -> np.ndarray:
     """(Log)softmax of scale * x over the last axis of a C-contiguous float32 array, in place
     (NumPy's form allocates and sweeps four times: costly on small heads)."""
     width = x.shape[-1]
-    run_split(_softmax_rows, (x.reshape(-1), width, log, x.dtype.type(scale)), x.size // width, x.size // SOFTMAX_PASSES)
+    run_split(softmax_row_range, (x.reshape(-1), width, log, x.dtype.type(scale)), x.size // width, x.size // SOFTMAX_PASSES)
     return x
 
 

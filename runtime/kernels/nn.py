@@ -13,7 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import activations, jit, onednn, parallel, sgemm
-from .registry import OutputShapes, KernelSpec, Run, register
+from .registry import SOFTMAX_SCALE, OutputShapes, KernelSpec, Run, register
 
 
 # ---------------------------------------------------------------- epilogues
@@ -374,19 +374,25 @@ def _chain_layers(spec: KernelSpec) -> list[KernelSpec]:
 
 @register("DenseChain", _chain_shape)
 def dense_chain(spec: KernelSpec) -> Run:
-    """DenseChain(a, w1, b1, ..., wL, bL): the layers in order, each act(y @ w + b). At the row
-    counts where the packed kernel runs a layer, one chained call runs them all; otherwise each
-    layer runs as its FusedMatMul would."""
+    """DenseChain(a, w1, b1, ..., wL, bL): the layers in order, each act(y @ w + b), then the
+    (log)softmax over the last axis its `softmax` attr names. At the row counts where the packed
+    kernel runs a layer, one chained call runs it all; otherwise each step runs as its own node would."""
+    from .reduce import softmax
+
     layers = _chain_layers(spec)
     runs = [matmul(layer) for layer in layers]
-    chain = sgemm.chain_for_layers([sgemm.dense_for_node(layer, layer.const(1)) for layer in layers], spec.name)
+    tail = spec.attr("softmax")
+    end = None if tail is None else softmax(KernelSpec("LogSoftmax" if tail["log"] else "Softmax", spec.name, {"axis": -1, SOFTMAX_SCALE: tail["scale"]},
+                                                       [None], [_chain_shape(spec)[0][0]], [spec.dtypes[0]], inplace=frozenset({0}), present=[True]))
+    chain = sgemm.chain_for_layers([sgemm.dense_for_node(layer, layer.const(1)) for layer in layers], spec.name,
+                                   None if tail is None else (bool(tail["log"]), float(tail["scale"])))
 
     def run(a: np.ndarray, *weights: np.ndarray | None) -> tuple[np.ndarray, ...]:
         if chain is not None and a.dtype == np.float32 and a.size <= sgemm.MAX_ROWS * a.shape[-1]:
             return (chain(a),)
         for i, layer in enumerate(runs):
             a = layer(a, weights[2 * i], weights[2 * i + 1])[0]
-        return (a,)
+        return (a,) if end is None else end(a)
 
     return run
 

@@ -39,7 +39,8 @@ _CONSTS, _A, _C, _RES, _M, _HAS_RES, _TASKS = range(7)
 _PANELS, _BIAS, _BOUNDS, _FORM, _K, _N, _P, _THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER = range(11)
 # A chain's call block, and its constant block: a header, then each layer's constant block's address.
 _CHAIN_HEAD, _CHAIN_A, _CHAIN_C, _CHAIN_SCRATCH, _CHAIN_M = range(5)
-_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_MEMBER, _H_BARRIER, _HEADER = range(7)
+_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_MEMBER, _H_BARRIER, _H_SOFTMAX, _H_SCALE, _HEADER = range(9)
+_NO_SOFTMAX, _SOFTMAX, _LOG_SOFTMAX = range(3)
 
 AVAILABLE = jit.AVAILABLE and omp.PARALLEL != 0
 
@@ -238,6 +239,11 @@ if jit.numba is not None:
             if not last:  # the next layer reads every row this one wrote
                 jit.c_call0(h[_H_BARRIER])
                 a_at, free_at = c_at, free_at + m * n * 4
+            elif h[_H_SOFTMAX] != _NO_SOFTMAX:  # each member's rows, once every column of them is written
+                jit.c_call0(h[_H_BARRIER])
+                scale = carray(_float32s_at(h[_H_SCALE]), (1,))[0]
+                jit.softmax_row_range(carray(_float32s_at(c_at), (m * n,)), n, h[_H_SOFTMAX] == _LOG_SOFTMAX, scale,
+                                      m * me // team, m * (me + 1) // team)
 
     @jit.njit(cache=True, nogil=True)
     def _run_chain(head, a, c, scratch_width, threads):
@@ -347,16 +353,18 @@ class _Chained(NamedTuple):
 
     head: np.ndarray
     packings: tuple[_Packing, ...]
+    scale: np.ndarray
 
 
 class PackedChain:
-    """Dense layers in sequence, each feeding only the next: one team call runs them all, its
-    members passing a barrier between layers, where a call per layer would pay the Python call,
-    its checks and a team start each time (the larger part of a small layer's time at batch 1)."""
+    """Dense layers in sequence, each feeding only the next, then optionally a (log)softmax of
+    scale * y over the last axis: one team call runs them all, its members passing a barrier
+    between steps, where a call per step would pay the Python call, its checks and a team start
+    each time (the larger part of a small layer's time at batch 1). `softmax` is (log, scale)."""
 
     kind = "MatMul"
 
-    def __init__(self, layers: Sequence[PackedDense], name: str = "dense_chain") -> None:
+    def __init__(self, layers: Sequence[PackedDense], name: str = "dense_chain", softmax: tuple[bool, float] | None = None) -> None:
         if not layers or any(layer.residual for layer in layers):
             raise ValueError(f"dense chain {name}: needs at least one layer and no residual sums")
         for before, after in zip(layers, layers[1:]):
@@ -365,6 +373,7 @@ class PackedChain:
         self.layers, self.name = tuple(layers), name
         self.k, self.n = layers[0].k, layers[-1].n
         self._scratch_width = sum(layer.n for layer in layers[:-1])  # floats per row between layers
+        self.softmax = softmax
         self._choices: dict[int, TeamChoice] = {}
 
     @functools.cached_property
@@ -375,7 +384,10 @@ class PackedChain:
             len(packings), omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, omp.BARRIER]
         head[_H_MEMBER] = _entry_address(_chain_member)
         head[_HEADER:] = [p.consts.ctypes.data for p in packings]
-        return _Chained(head, packings)
+        log, scale = self.softmax or (False, 1.0)
+        scales = np.array([scale], _F32)
+        head[[_H_SOFTMAX, _H_SCALE]] = [_NO_SOFTMAX if self.softmax is None else _LOG_SOFTMAX if log else _SOFTMAX, scales.ctypes.data]
+        return _Chained(head, packings, scales)
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
         rows, shape = _rows(a, self.k, self.n, self.name)
@@ -400,7 +412,7 @@ def dense_for_node(spec: Any, w: np.ndarray | None) -> PackedDense | None:
 
 
 
-def chain_for_layers(layers: Sequence[PackedDense | None], name: str) -> PackedChain | None:
+def chain_for_layers(layers: Sequence[PackedDense | None], name: str, softmax: tuple[bool, float] | None) -> PackedChain | None:
     """The chained kernel over these layers' packed kernels, or None where one has none."""
     packed = [layer for layer in layers if layer is not None]
-    return PackedChain(packed, name) if AVAILABLE and packed and len(packed) == len(layers) else None
+    return PackedChain(packed, name, softmax) if AVAILABLE and packed and len(packed) == len(layers) else None

@@ -1,11 +1,15 @@
-"""Dense chains: dense layers that each feed only the next (an MLP, a classifier head) become one
-DenseChain node, whose kernel runs the whole chain in one call at the row counts where one call
-per layer costs more than the layer (runtime/kernels/sgemm.py, PackedChain).
+"""Dense chains: dense layers that each feed only the next (an MLP, a classifier head), and the
+Softmax that may end them, become one DenseChain node, whose kernel runs the whole chain in one
+call at the row counts where a call per layer costs more than the layer (runtime/kernels/sgemm.py,
+PackedChain).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..graph import Graph, Node, toposort, unique_name
 from ..kernels.activations import scalar_form
+from ..kernels.registry import SOFTMAX_SCALE
 from .siblings import constant_dense_weights
 
 CHAIN = "DenseChain"
@@ -17,17 +21,26 @@ def _link(graph: Graph, node: Node) -> bool:
     return constant_dense_weights(graph, node) is not None and scalar_form(node.attrs.get("activation")) is not None
 
 
+def _last_axis(graph: Graph, node: Node) -> bool:
+    axis = node.attrs.get("axis", -1)
+    info = graph.values.get(node.inputs[0])
+    return axis == -1 or (info is not None and info.shape is not None and axis == len(info.shape) - 1)
+
+
 def chain_dense_layers(graph: Graph) -> Graph:
     users = graph.consumers()
     outputs = graph.output_names()
 
-    def next_link(node: Node) -> Node | None:
+    def sole_reader(node: Node) -> Node | None:
         out = node.outputs[0]
         readers = users.get(out, [])
-        if len(readers) != 1 or out in outputs or len(node.outputs) != 1:
+        if len(readers) != 1 or out in outputs or len(node.outputs) != 1 or readers[0].inputs[0] != out:
             return None
-        after = readers[0]
-        return after if _link(graph, after) and after.inputs[0] == out else None
+        return readers[0]
+
+    def next_link(node: Node) -> Node | None:
+        after = sole_reader(node)
+        return after if after is not None and _link(graph, after) else None
 
     followers = set()
     for node in graph.nodes:
@@ -38,14 +51,20 @@ def chain_dense_layers(graph: Graph) -> Graph:
         chain = [head]
         while (after := next_link(chain[-1])) is not None:
             chain.append(after)
-        if len(chain) < 2:
+        end = sole_reader(chain[-1])
+        softmax: dict[str, Any] | None = None
+        if end is not None and end.op in ("Softmax", "LogSoftmax") and _last_axis(graph, end):
+            softmax = {"log": end.op == "LogSoftmax", "scale": float(end.attrs.get(SOFTMAX_SCALE, 1.0))}
+        if len(chain) < 2 and softmax is None:
             continue
         inputs = [head.inputs[0]]
         for layer in chain:
             inputs += [layer.inputs[1], layer.inputs[2] if len(layer.inputs) > 2 else ""]
-        attrs = {"activations": [layer.attrs.get("activation") for layer in chain], "layers": [layer.name for layer in chain]}
+        attrs = {"activations": [layer.attrs.get("activation") for layer in chain], "layers": [layer.name for layer in chain],
+                 "softmax": softmax}
+        absorbed = chain + ([end] if end is not None and softmax is not None else [])
         at = graph.nodes.index(head)
-        for layer in chain:
-            graph.nodes.remove(layer)
-        graph.nodes.insert(at, Node(CHAIN, unique_name(f"{head.name}__chain", taken), inputs, [chain[-1].outputs[0]], attrs))
+        for n in absorbed:
+            graph.nodes.remove(n)
+        graph.nodes.insert(at, Node(CHAIN, unique_name(f"{head.name}__chain", taken), inputs, list(absorbed[-1].outputs), attrs))
     return toposort(graph)

@@ -122,8 +122,8 @@ def test_bad_input_and_bad_chains_are_named() -> None:
         sgemm.PackedChain([sgemm.PackedDense(f32(4, 4), None, scalar_form(None), residual=True)])
 
 
-def mlp(activations: list[str | None], widths: list[int]) -> tuple[list[Any], dict[str, np.ndarray]]:
-    """MatMul + Add [+ activation] per layer, as an exporter writes a Keras MLP; then Softmax."""
+def mlp(activations: list[str | None], widths: list[int], tail: str = "Softmax", **tail_attrs: Any) -> tuple[list[Any], dict[str, np.ndarray]]:
+    """MatMul + Add [+ activation] per layer, as an exporter writes a Keras MLP; then `tail`."""
     nodes, init, x = [], {}, "x"
     for i, (k, n, act) in enumerate(zip(widths, widths[1:], activations)):
         init[f"w{i}"], init[f"b{i}"] = f32(k, n) * 0.2, f32(n)
@@ -132,20 +132,62 @@ def mlp(activations: list[str | None], widths: list[int]) -> tuple[list[Any], di
         if act is not None:
             nodes.append(node(act, [x], [f"h{i}"]))
             x = f"h{i}"
-    nodes.append(node("Softmax", [x], ["y"], axis=-1))
+    nodes.append(node(tail, [x], ["y"], **({"axis": -1} | tail_attrs)))
     return nodes, init
 
 
 @pytest.mark.parametrize("batch", [1, 16, 32])
-def test_an_mlp_becomes_one_chain_that_matches_onnxruntime(batch: int, chain_calls: list[tuple[int, ...]]) -> None:
-    nodes, init = mlp(["Relu", "Relu", None], [64, 96, 96, 10])
+@pytest.mark.parametrize("tail", ["Softmax", "LogSoftmax"])
+def test_an_mlp_and_its_softmax_become_one_chain_that_matches_onnxruntime(batch: int, tail: str, chain_calls: list[tuple[int, ...]]) -> None:
+    nodes, init = mlp(["Relu", "Relu", None], [64, 96, 96, 10], tail)
     feeds = {"x": f32(batch, 64)}
     model = make_model(nodes, feeds, ["y"], init)
     (got,), ops = run_plan(model, feeds)
     close(got, run_ort(model, feeds)[0])
-    assert ops == ["DenseChain", "Softmax"], ops
+    assert ops == ["DenseChain"], ops
     chained = batch <= sgemm.MAX_ROWS or not onednn.AVAILABLE
     assert chain_calls == ([(batch, 64)] if chained else []), chain_calls
+
+
+def test_a_classifier_head_of_one_layer_takes_its_softmax_in() -> None:
+    nodes, init = mlp([None], [48, 10])
+    feeds = {"x": f32(1, 48)}
+    model = make_model(nodes, feeds, ["y"], init)
+    (got,), ops = run_plan(model, feeds)
+    close(got, run_ort(model, feeds)[0])
+    assert ops == ["DenseChain"], ops
+
+
+@pytest.mark.parametrize("softmax", [(False, 1.0), (True, 1.0), (False, 0.125)], ids=["softmax", "log-softmax", "scaled"])
+@pytest.mark.parametrize("m", [1, 3, 16])
+def test_the_chain_s_softmax_gives_the_softmax_kernel_s_bits(softmax: tuple[bool, float], m: int) -> None:
+    from kubetrt.runtime.kernels import jit
+
+    dense = layers([20, 24, 12], [RELU, None])
+    a = f32(m, 20) * 4
+    got = sgemm.PackedChain(dense, softmax=softmax)(a)
+    log, scale = softmax
+    np.testing.assert_array_equal(got, jit.softmax_rows(dense[1](dense[0](a)), log, scale))
+    z = scale * (np.maximum(a.astype(np.float64) @ dense[0]._w + dense[0]._bias, 0) @ dense[1]._w + dense[1]._bias)
+    z -= z.max(axis=-1, keepdims=True)
+    want = z - np.log(np.exp(z).sum(axis=-1, keepdims=True)) if log else np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True)
+    close(got, want)
+
+
+def test_a_softmax_that_is_not_the_chain_s_alone_stays_a_node() -> None:
+    # over the first axis, and over a value someone else reads too: neither joins the chain
+    nodes, init = mlp(["Relu", None], [16, 12, 6], axis=0)
+    feeds = {"x": f32(3, 16)}
+    model = make_model(nodes, feeds, ["y"], init)
+    (got,), ops = run_plan(model, feeds)
+    close(got, run_ort(model, feeds)[0])
+    assert ops == ["DenseChain", "Softmax"], ops
+    nodes, init = mlp(["Relu", None], [16, 12, 6])
+    model = make_model(nodes, feeds, ["y", "a1"], init)
+    got, ops = run_plan(model, feeds)
+    for g, w in zip(got, run_ort(model, feeds)):
+        close(g, w)
+    assert ops == ["DenseChain", "Softmax"], ops
 
 
 def test_what_a_chain_stops_at(chain_calls: list[tuple[int, ...]]) -> None:

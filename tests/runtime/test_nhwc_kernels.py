@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kubetrt.runtime.kernels import conv_gemm, jit, onednn
+from kubetrt.runtime.kernels import conv_gemm, jit, nhwc, onednn
 from onnx_cases import make_model, node, run_kubetrt, run_ort
 
 rng = np.random.default_rng(7)
@@ -89,6 +89,7 @@ def test_nhwc_pooling_in_a_conv_chain_matches_ort(monkeypatch: pytest.MonkeyPatc
         pytest.skip("oneDNN is not installed (the `onednn` extra): its pooling cannot run")
     if path == "numba":
         monkeypatch.setattr(onednn, "AVAILABLE", False)
+    monkeypatch.setattr(nhwc, "ONE_THREAD_GLOBAL_AVERAGE", 0)  # the one-thread global average has its own test
     calls: list[str] = []
     real = onednn.Pool2D.__call__
     monkeypatch.setattr(onednn.Pool2D, "__call__", lambda self, *a: calls.append(self.name) or real(self, *a))
@@ -99,6 +100,23 @@ def test_nhwc_pooling_in_a_conv_chain_matches_ort(monkeypatch: pytest.MonkeyPatc
     assert_same_as_ort(make_model(nodes, feeds, ["y"], consts), feeds)
     include_pad_overhang = attrs.get("count_include_pad") and attrs.get("ceil_mode")
     assert bool(calls) == (path == "onednn" and not include_pad_overhang), f"oneDNN pooling calls: {calls}"
+
+
+@pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed: oneDNN or NumPy averages")
+@pytest.mark.parametrize("batch,hw,channels", [(1, 7, 40), (1, 1, 8), (3, 5, 24)])
+def test_a_small_global_average_is_one_pass_on_this_thread(monkeypatch: pytest.MonkeyPatch, batch: int, hw: int, channels: int) -> None:
+    calls: list[tuple[int, ...]] = []
+    real = jit.global_average_nhwc
+    monkeypatch.setattr(jit, "global_average_nhwc", lambda x: calls.append(x.shape) or real(x))
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("GlobalAveragePool", ["c"], ["y"])]
+    feeds = {"x": f32(batch, 3, hw, hw)}
+    model = make_model(nodes, feeds, ["y"], {"w": f32(channels, 3, 3, 3)})
+    assert_same_as_ort(model, feeds)
+    assert calls and set(calls) == {(batch, hw, hw, channels)}, calls
+    calls.clear()
+    monkeypatch.setattr(nhwc, "ONE_THREAD_GLOBAL_AVERAGE", batch * hw * hw * channels - 1)
+    assert_same_as_ort(model, feeds)
+    assert not calls, "one element over the limit: the pooling call or NumPy's GEMV"
 
 
 @pytest.mark.skipif(not jit.AVAILABLE, reason="numba is not installed: the NumPy kernels run instead")
