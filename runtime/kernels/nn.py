@@ -13,6 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import activations, jit, onednn, parallel, sgemm
+from .reduce import softmax
 from .registry import SOFTMAX_SCALE, OutputShapes, KernelSpec, Run, register
 
 
@@ -377,8 +378,6 @@ def dense_chain(spec: KernelSpec) -> Run:
     """DenseChain(a, w1, b1, ..., wL, bL): the layers in order, each act(y @ w + b), then the
     (log)softmax over the last axis its `softmax` attr names. At the row counts where the packed
     kernel runs a layer, one chained call runs it all; otherwise each step runs as its own node would."""
-    from .reduce import softmax
-
     layers = _chain_layers(spec)
     runs = [matmul(layer) for layer in layers]
     tail = spec.attr("softmax")

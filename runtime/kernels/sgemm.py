@@ -14,7 +14,9 @@ The sums start from the bias and the residual, and the activation (a numba scala
 applied to the tile before it is stored. Threads take contiguous ranges of (row block, panel)
 tiles. The team is started from jitted code with GOMP_parallel, on the worker threads oneDNN's
 calls use, and sized per shape by omp.TeamChoice. The panels are made on a layer's first call
-here: where oneDNN takes every call (larger batches), the weights are not held twice.
+here: where oneDNN takes every call (larger batches), the weights are not held twice. Layers that
+feed only each other (passes/chains.py) run as one PackedChain call: one team, a barrier between
+layers, the layers' packed panels read through their constant blocks.
 """
 from __future__ import annotations
 
@@ -409,7 +411,6 @@ def dense_for_node(spec: Any, w: np.ndarray | None) -> PackedDense | None:
     if spec.has(2) and (bias is None or bias.shape != (w.shape[1],) or bias.dtype != _F32):
         return None
     return PackedDense(w, bias, form, residual=spec.has(3), name=spec.name)
-
 
 
 def chain_for_layers(layers: Sequence[PackedDense | None], name: str, softmax: tuple[bool, float] | None) -> PackedChain | None:

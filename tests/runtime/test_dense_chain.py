@@ -5,7 +5,6 @@ fp32 tolerance from the one table (runtime/accuracy.py)."""
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import numpy as np
@@ -16,6 +15,7 @@ from kubetrt.runtime.kernels import onednn, sgemm
 from kubetrt.runtime.kernels.activations import scalar_form
 from kubetrt.runtime.kernels.omp import TeamChoice
 from onnx_cases import make_model, node, run_ort, run_plan
+from threads import on_threads
 
 pytestmark = pytest.mark.skipif(not sgemm.AVAILABLE, reason="numba or libgomp is missing: dense layers run one by one")
 TOL = tolerance_for("fp32", "host")
@@ -91,22 +91,12 @@ def test_rows_of_any_rank_and_none_at_all() -> None:
 def test_threads_sharing_one_chain_get_their_own_results() -> None:
     dense = layers([48, 40, 24], [RELU, None])
     chain = sgemm.PackedChain(dense)
-    inputs = [f32(m, 48) for m in (1, 4, 9, 16)]
-    errors: list[BaseException] = []
 
     def work(a: np.ndarray) -> None:
-        try:
-            want = dense[1](dense[0](a))
-            for _ in range(50):
-                np.testing.assert_array_equal(chain(a), want)
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=work, args=(a,)) for a in inputs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+        want = dense[1](dense[0](a))
+        for _ in range(50):
+            np.testing.assert_array_equal(chain(a), want)
+    on_threads(work, [f32(m, 48) for m in (1, 4, 9, 16)])
 
 
 def test_bad_input_and_bad_chains_are_named() -> None:

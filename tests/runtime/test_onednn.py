@@ -7,13 +7,13 @@ import os
 import platform
 import subprocess
 import sys
-import threading
 
 import numpy as np
 import pytest
 
 from kubetrt.runtime.kernels import onednn, sgemm
 from onnx_cases import make_model, node, run_kubetrt, run_ort
+from threads import on_threads
 
 needs_onednn = pytest.mark.skipif(not onednn.AVAILABLE, reason="the onednn extra is not installed: the GEMM path runs instead")
 rng = np.random.default_rng(11)
@@ -194,11 +194,7 @@ def test_threads_sharing_one_convolution_get_their_own_results() -> None:
 
     def work(t: int) -> None:
         got[t] = [conv(x, 12, 12, [1, 1], [1, 1]) for x in inputs for _ in range(3)][::3]
-    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    on_threads(work, list(range(4)))
     for t in range(4):
         for g, e in zip(got[t], expected):
             np.testing.assert_array_equal(g, e)

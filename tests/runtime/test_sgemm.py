@@ -5,7 +5,6 @@ errors bad input gets. fp32 tolerance from the one table (runtime/accuracy.py)."
 from __future__ import annotations
 
 import math
-import threading
 from typing import Any
 
 import numpy as np
@@ -17,6 +16,7 @@ from kubetrt.runtime.kernels.activations import scalar_form
 from kubetrt.runtime.kernels.omp import TeamChoice
 from kubetrt.runtime.kernels.registry import KernelSpec
 from onnx_cases import make_model, node, run_ort, run_plan
+from threads import on_threads
 
 pytestmark = pytest.mark.skipif(not sgemm.AVAILABLE, reason="numba or libgomp is missing: oneDNN or NumPy runs dense layers")
 TOL = tolerance_for("fp32", "host")
@@ -107,21 +107,11 @@ def test_nan_and_infinities_pass_through_as_in_float_arithmetic() -> None:
 def test_threads_sharing_one_kernel_get_their_own_results() -> None:
     w, bias = f32(48, 40), f32(40)
     dense = sgemm.PackedDense(w, bias, scalar_form(None), residual=False)
-    inputs = [f32(m, 48) for m in (1, 7, 33, 64)]
-    errors: list[BaseException] = []
 
     def work(a: np.ndarray) -> None:
-        try:
-            for _ in range(50):
-                close(dense(a), reference(a, w, bias, None, None))
-        except BaseException as e:  # noqa: BLE001 - reported below
-            errors.append(e)
-    threads = [threading.Thread(target=work, args=(a,)) for a in inputs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors, errors[0]
+        for _ in range(50):
+            close(dense(a), reference(a, w, bias, None, None))
+    on_threads(work, [f32(m, 48) for m in (1, 7, 33, 64)])
 
 
 def test_bad_input_is_named() -> None:
