@@ -343,7 +343,7 @@ def matmul(spec: KernelSpec) -> Run:
         n_out = b_const.shape[1]  # type: ignore[union-attr]
 
         def run_dense(a: np.ndarray, b: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-            if packed is not None and a.size <= sgemm.MAX_ROWS * a.shape[-1]:  # however small: its call is cheaper than NumPy's
+            if packed is not None and sgemm.few_rows(a):  # however small: its call is cheaper than NumPy's
                 return (packed(a, residual, overwrite_residual=residual_inplace),)
             if a.size * n_out < onednn.MIN_DENSE_MACS:  # e.g. a 64x10 classifier head: NumPy's call is cheaper than oneDNN's
                 return run(a, b, bias, residual)
@@ -387,7 +387,7 @@ def dense_chain(spec: KernelSpec) -> Run:
                                    None if tail is None else (bool(tail["log"]), float(tail["scale"])))
 
     def run(a: np.ndarray, *weights: np.ndarray | None) -> tuple[np.ndarray, ...]:
-        if chain is not None and a.dtype == np.float32 and a.size <= sgemm.MAX_ROWS * a.shape[-1]:
+        if chain is not None and a.dtype == np.float32 and sgemm.few_rows(a):
             return (chain(a),)
         for i, layer in enumerate(runs):
             a = layer(a, weights[2 * i], weights[2 * i + 1])[0]

@@ -101,6 +101,11 @@ class TeamChoice:
         self.mean[serial] = seconds if m is None or seconds < m else m + self.ALPHA * (seconds - m)
 
 
+def choice_for(choices: dict[Any, TeamChoice], key: Any) -> TeamChoice:
+    """A kernel's TeamChoice for one input shape (`key`), made on that shape's first call."""
+    return choices.get(key) or choices.setdefault(key, TeamChoice())
+
+
 class TeamOf:
     """OpenMP team size for this thread's calls inside the block (a oneDNN primitive must run
     with the team it was made for)."""

@@ -458,7 +458,7 @@ class _FusedOp:
         return self._primitive(key)[0].implementation
 
     def _run(self, key: tuple[int, ...], x: np.ndarray, shape: tuple[int, ...], residual: np.ndarray | None, overwrite_residual: bool) -> np.ndarray:
-        choice = self._choices.get(key) or self._choices.setdefault(key, TeamChoice())
+        choice = omp.choice_for(self._choices, key)
         serial = choice.pick()
         prim, const_ptrs, _ = self._primitive(key, serial)
         if x.dtype != self.src_dtype:
@@ -655,7 +655,7 @@ class Pool2D:
         n, h, wd, c = unblocked_shape(x.shape) if blocked else x.shape
         out = np.empty(blocked_shape((n, oh, ow, c)) if blocked else (n, oh, ow, c), dtype=_F32)
         key = (n, h, wd, c, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], blocked)
-        choice = self._choices.get(key) or self._choices.setdefault(key, TeamChoice())
+        choice = omp.choice_for(self._choices, key)
         serial = choice.pick()
         _execute(self._primitive(key, serial), np.ascontiguousarray(x), out, [], serial, choice)
         return out
@@ -689,7 +689,7 @@ class Reorder:
             raise ValueError(f"reorder: expected a float32 {want} tensor, got {x.dtype} of shape {list(x.shape)}")
         nhwc = x.shape if self.to_blocked else unblocked_shape(x.shape)
         out = np.empty(blocked_shape(nhwc) if self.to_blocked else nhwc, dtype=_F32)
-        choice = self._choices.get(nhwc) or self._choices.setdefault(nhwc, TeamChoice())
+        choice = omp.choice_for(self._choices, nhwc)
         serial = choice.pick()
         _execute(self._primitive(tuple(nhwc), serial), np.ascontiguousarray(x), out, [], serial, choice)
         return out

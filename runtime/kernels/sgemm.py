@@ -37,7 +37,7 @@ MAX_ROWS = 16
 _F32 = np.dtype(np.float32)
 
 # The block of int64 words each call hands the team, and the kernel's constant block it points to.
-_CONSTS, _A, _C, _RES, _M, _HAS_RES, _TASKS = range(7)
+_CONSTS, _A, _C, _RES, _M, _HAS_RES = range(6)
 _PANELS, _BIAS, _BOUNDS, _FORM, _K, _N, _P, _THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER = range(11)
 # A chain's call block, and its constant block: a header, then each layer's constant block's address.
 _CHAIN_HEAD, _CHAIN_A, _CHAIN_C, _CHAIN_SCRATCH, _CHAIN_M = range(5)
@@ -202,23 +202,30 @@ if jit.numba is not None:
             if p == count:
                 block, p = block + 1, 0
 
-    def _member(data):  # compiled into a C callable by _entry_address
-        q = carray(_int64s_at(data), (_TASKS + 1,))
-        kc = carray(_int64s_at(q[_CONSTS]), (_MEMBER + 1,))
-        k, n, count, m = kc[_K], kc[_N], kc[_P], q[_M]
+    @jit.njit(cache=True, nogil=True, inline="always")
+    def _layer_share(kc_at, m, a_at, c_at, res_at, has_res, team, me):
+        """Member `me`'s share of one layer's tiles: the layer's constant block at kc_at, its m rows
+        of input, output and residual at the other addresses."""
+        kc = carray(_int64s_at(kc_at), (_MEMBER + 1,))
+        k, n, count = kc[_K], kc[_N], kc[_P]
         bounds = carray(_float32s_at(kc[_BOUNDS]), (2,))
-        team, me = jit.c_call0(kc[_NUM_THREADS]), jit.c_call0(kc[_THREAD_NUM])
-        tasks = q[_TASKS]
-        _tiles(carray(_float32s_at(q[_A]), (m, k)), carray(_float32s_at(kc[_PANELS]), (count, k, NR)),
-               carray(_float32s_at(q[_C]), (m, n)), carray(_float32s_at(q[_RES]), (m, n)),
-               carray(_float32s_at(kc[_BIAS]), (count * NR,)), q[_HAS_RES] != 0, kc[_FORM], bounds[0], bounds[1],
+        tasks = (m + MR - 1) // MR * count
+        _tiles(carray(_float32s_at(a_at), (m, k)), carray(_float32s_at(kc[_PANELS]), (count, k, NR)),
+               carray(_float32s_at(c_at), (m, n)), carray(_float32s_at(res_at), (m, n)),
+               carray(_float32s_at(kc[_BIAS]), (count * NR,)), has_res, kc[_FORM], bounds[0], bounds[1],
                tasks * me // team, tasks * (me + 1) // team)
+
+    def _member(data):  # compiled into a C callable by _entry_address
+        q = carray(_int64s_at(data), (_HAS_RES + 1,))
+        kc = carray(_int64s_at(q[_CONSTS]), (_MEMBER + 1,))
+        team, me = jit.c_call0(kc[_NUM_THREADS]), jit.c_call0(kc[_THREAD_NUM])
+        _layer_share(q[_CONSTS], q[_M], q[_A], q[_C], q[_RES], q[_HAS_RES] != 0, team, me)
 
     @jit.njit(cache=True, nogil=True)
     def _run(consts, a, c, res, has_res, threads):
-        q = np.empty(_TASKS + 1, np.int64)
+        q = np.empty(_HAS_RES + 1, np.int64)
         q[_CONSTS], q[_A], q[_C], q[_RES] = consts.ctypes.data, a.ctypes.data, c.ctypes.data, res.ctypes.data
-        q[_M], q[_HAS_RES], q[_TASKS] = a.shape[0], has_res, (a.shape[0] + MR - 1) // MR * consts[_P]
+        q[_M], q[_HAS_RES] = a.shape[0], has_res
         jit.c_call4(consts[_PARALLEL], consts[_MEMBER], q.ctypes.data, threads, 0)
 
     def _chain_member(data):  # compiled into a C callable by _entry_address
@@ -228,16 +235,10 @@ if jit.numba is not None:
         team, me = jit.c_call0(h[_H_NUM_THREADS]), jit.c_call0(h[_H_THREAD_NUM])
         m, a_at, free_at = q[_CHAIN_M], q[_CHAIN_A], q[_CHAIN_SCRATCH]
         for layer in range(layers):
-            kc = carray(_int64s_at(h[_HEADER + layer]), (_MEMBER + 1,))
-            k, n, count = kc[_K], kc[_N], kc[_P]
+            n = carray(_int64s_at(h[_HEADER + layer]), (_MEMBER + 1,))[_N]
             last = layer == layers - 1
             c_at = q[_CHAIN_C] if last else free_at
-            c = carray(_float32s_at(c_at), (m, n))
-            bounds = carray(_float32s_at(kc[_BOUNDS]), (2,))
-            tasks = (m + MR - 1) // MR * count
-            _tiles(carray(_float32s_at(a_at), (m, k)), carray(_float32s_at(kc[_PANELS]), (count, k, NR)), c, c,
-                   carray(_float32s_at(kc[_BIAS]), (count * NR,)), False, kc[_FORM], bounds[0], bounds[1],
-                   tasks * me // team, tasks * (me + 1) // team)
+            _layer_share(h[_HEADER + layer], m, a_at, c_at, c_at, False, team, me)
             if not last:  # the next layer reads every row this one wrote
                 jit.c_call0(h[_H_BARRIER])
                 a_at, free_at = c_at, free_at + m * n * 4
@@ -332,6 +333,11 @@ class PackedDense:
         return out
 
 
+def few_rows(a: np.ndarray) -> bool:
+    """Whether `a` (..., K) has at most MAX_ROWS rows: the calls this kernel takes where oneDNN is installed."""
+    return a.size <= MAX_ROWS * a.shape[-1]
+
+
 def _rows(a: np.ndarray, k: int, n: int, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
     """a (..., k) as C-contiguous rows, and the output's shape (..., n)."""
     if a.dtype != _F32 or a.shape[-1:] != (k,):
@@ -343,7 +349,7 @@ def _rows(a: np.ndarray, k: int, n: int, name: str) -> tuple[np.ndarray, tuple[i
 
 def _timed(choices: dict[int, TeamChoice], m: int, run: Callable[[int], object]) -> None:
     """run(team size) on the team TeamChoice picks for m rows, timed for it."""
-    choice = choices.get(m) or choices.setdefault(m, TeamChoice())
+    choice = omp.choice_for(choices, m)
     serial = choice.pick()
     start = time.perf_counter()
     run(1 if serial else omp.TEAM)
