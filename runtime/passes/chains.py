@@ -10,6 +10,7 @@ from typing import Any
 from ..graph import Graph, Node, toposort, unique_name
 from ..kernels.activations import scalar_form
 from ..kernels.registry import SOFTMAX_SCALE
+from .fusion import ConsumerIndex
 from .siblings import constant_dense_weights
 
 CHAIN = "DenseChain"
@@ -28,15 +29,12 @@ def _last_axis(graph: Graph, node: Node) -> bool:
 
 
 def chain_dense_layers(graph: Graph) -> Graph:
-    users = graph.consumers()
-    outputs = graph.output_names()
+    index = ConsumerIndex(graph)
 
     def sole_reader(node: Node) -> Node | None:
-        out = node.outputs[0]
-        readers = users.get(out, [])
-        if len(readers) != 1 or out in outputs or len(node.outputs) != 1 or readers[0].inputs[0] != out:
-            return None
-        return readers[0]
+        """The one node that reads `node`'s only output, as its first operand."""
+        reader = index.sole_user(node.outputs[0]) if len(node.outputs) == 1 else None
+        return reader if reader is not None and reader.inputs[0] == node.outputs[0] else None
 
     def next_link(node: Node) -> Node | None:
         after = sole_reader(node)

@@ -16,7 +16,7 @@ from ..kernels.activations import FUSABLE
 from ..kernels.registry import SOFTMAX_SCALE
 
 
-class _Index:
+class ConsumerIndex:
     """Producer/consumer maps kept in sync while nodes are rewritten."""
 
     def __init__(self, graph: Graph) -> None:
@@ -74,7 +74,7 @@ def _ensure_bias(graph: Graph, conv: Node, channels: int, dtype: np.dtype) -> np
 
 def fold_affine_into_conv(graph: Graph) -> bool:
     """Conv -> BatchNormalization, or Conv -> Mul(c) / Add(c) with per-channel constants."""
-    idx = _Index(graph)
+    idx = ConsumerIndex(graph)
     for conv in list(graph.nodes):
         if conv.op not in ("Conv", "FusedConv") or conv.attrs.get("activation") or len(conv.inputs) > 3:
             continue
@@ -111,7 +111,7 @@ def fold_affine_into_conv(graph: Graph) -> bool:
 
 def fold_pad_into_conv(graph: Graph) -> bool:
     """Explicit zero Pad on the spatial dims before a Conv becomes the Conv's own padding."""
-    idx = _Index(graph)
+    idx = ConsumerIndex(graph)
     for pad in list(graph.nodes):
         if pad.op != "Pad" or pad.attrs.get("mode", "constant") != "constant":
             continue
@@ -157,7 +157,7 @@ def _activation_attrs(graph: Graph, node: Node) -> tuple[str, dict[str, Any]] | 
 
 def fuse_epilogues(graph: Graph) -> bool:
     """Conv/MatMul + bias Add + residual Add + activation -> one fused node."""
-    idx = _Index(graph)
+    idx = ConsumerIndex(graph)
     for node in list(graph.nodes):
         if node.op == "Conv":
             node.op = "FusedConv"
@@ -203,7 +203,7 @@ def fuse_residual_through_reshape(graph: Graph) -> bool:
     rows, and the Reshape moves after it (a transformer's feed-forward output, computed on
     (batch*seq, d) rows and added back to (batch, seq, d) activations). A reshape keeps the element
     order, so the sum is the same; the Add and its pass over the tensor are gone."""
-    idx = _Index(graph)
+    idx = ConsumerIndex(graph)
     for mm in graph.nodes:
         if mm.op != "FusedMatMul" or len(mm.inputs) != 3 or mm.attrs.get("activation"):
             continue
@@ -236,7 +236,7 @@ def fold_scale_into_softmax(graph: Graph) -> Graph:
     """Mul (or Div) by a scalar constant whose only reader is a (Log)Softmax: the softmax scales
     as it reads (attention's 1/sqrt(d) on its scores), one pass over the tensor fewer. A host
     kernel attribute (SOFTMAX_SCALE), so only the host pipeline runs this."""
-    idx = _Index(graph)
+    idx = ConsumerIndex(graph)
     for node in list(graph.nodes):
         if node.op not in ("Mul", "Div") or len(node.inputs) != 2:
             continue
@@ -268,7 +268,7 @@ def sink_reshape_below_activation(graph: Graph) -> bool:
     fusion then takes: converters wrap a dense layer on a 3-D tensor (Keras Tensordot) as
     Reshape, 2-D MatMul, Reshape, so its activation never sits right after the product. An
     elementwise function commutes with any reshape."""
-    idx = _Index(graph)
+    idx = ConsumerIndex(graph)
     producers = graph.producers()
     for reshape in graph.nodes:
         if reshape.op != "Reshape":
@@ -296,7 +296,7 @@ def sink_reshape_below_activation(graph: Graph) -> bool:
 def fuse_silu(graph: Graph) -> bool:
     """Mul(x, Sigmoid(x)) -> Silu(x): one activation the epilogue fusion can then take, where the
     pair is two passes over a tensor with two readers, which fusion never absorbs."""
-    idx = _Index(graph)
+    idx = ConsumerIndex(graph)
     producers = graph.producers()
     for mul in graph.nodes:
         if mul.op != "Mul" or len(mul.inputs) != 2:
