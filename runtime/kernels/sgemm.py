@@ -54,7 +54,7 @@ if jit.numba is not None:
     from numba.np.arrayobj import make_array, populate_array
 
     @intrinsic
-    def _stack_tile(typingctx: Any) -> Any:
+    def stack_tile(typingctx: Any) -> Any:
         """An (MR, NR) float32 array on the caller's stack."""
         tile_type = types.Array(types.float32, 2, "C")
 
@@ -77,11 +77,11 @@ if jit.numba is not None:
         return codegen
 
     @intrinsic
-    def _int64s_at(typingctx: Any, addr: Any) -> Any:
+    def int64s_at(typingctx: Any, addr: Any) -> Any:
         return types.CPointer(types.int64)(addr), _pointer_codegen(ir.IntType(64))
 
     @intrinsic
-    def _float32s_at(typingctx: Any, addr: Any) -> Any:
+    def float32s_at(typingctx: Any, addr: Any) -> Any:
         return types.CPointer(types.float32)(addr), _pointer_codegen(ir.FloatType())
 
     # The tile's first and last steps touch memory through views made from addresses, starting
@@ -89,9 +89,9 @@ if jit.numba is not None:
     # loop from vectorizing, and a slice costs a bounds normalization per tile.
 
     @jit.njit(cache=True, nogil=True, inline="always")
-    def _segment(at, row, n, j0, width):
+    def segment(at, row, n, j0, width):
         """Columns [j0, j0 + width) of one row of a C-contiguous float32 (?, n) array at address `at`."""
-        return carray(_float32s_at(at + (row * n + j0) * 4), (width,))
+        return carray(float32s_at(at + (row * n + j0) * 4), (width,))
 
     # The accumulator tile is only ever indexed by loops of constant length (MR, NR), which LLVM
     # keeps in registers; a partial tile at the edge of the output goes through a second stack
@@ -101,14 +101,14 @@ if jit.numba is not None:
     def _start(acc, edge, rows, cols, res_at, bias_at, n, i0, j0, has_res):
         # The sums start from the bias (and the residual): adding them later would read and
         # write the stored tile again.
-        b = _segment(bias_at, 0, 0, j0, NR)
+        b = segment(bias_at, 0, 0, j0, NR)
         if not has_res:
             for r in range(MR):
                 for j in range(NR):
                     acc[r, j] = b[j]
         elif rows == MR and cols == NR:
             for r in range(MR):
-                src = _segment(res_at, i0 + r, n, j0, NR)
+                src = segment(res_at, i0 + r, n, j0, NR)
                 for j in range(NR):
                     acc[r, j] = b[j] + src[j]
         else:
@@ -116,7 +116,7 @@ if jit.numba is not None:
                 for j in range(NR):
                     edge[r, j] = 0.0
             for r in range(rows):
-                src = _segment(res_at, i0 + r, n, j0, cols)
+                src = segment(res_at, i0 + r, n, j0, cols)
                 for j in range(cols):
                     edge[r, j] = src[j]
             for r in range(MR):
@@ -139,7 +139,7 @@ if jit.numba is not None:
                     acc[r, j] = jit.gelu_erf(acc[r, j])
         if rows == MR and cols == NR:
             for r in range(MR):
-                dst = _segment(c_at, i0 + r, n, j0, NR)
+                dst = segment(c_at, i0 + r, n, j0, NR)
                 for j in range(NR):
                     dst[j] = acc[r, j]
         else:
@@ -147,7 +147,7 @@ if jit.numba is not None:
                 for j in range(NR):
                     edge[r, j] = acc[r, j]
             for r in range(rows):
-                dst = _segment(c_at, i0 + r, n, j0, cols)
+                dst = segment(c_at, i0 + r, n, j0, cols)
                 for j in range(cols):
                     dst[j] = edge[r, j]
 
@@ -161,7 +161,7 @@ if jit.numba is not None:
         count = panels.shape[0]
         k4 = k - k % 4
         c_at, res_at, bias_at = c.ctypes.data, res.ctypes.data, bias.ctypes.data
-        acc, edge = _stack_tile(), _stack_tile()
+        acc, edge = stack_tile(), stack_tile()
         block, p = start // count, start % count
         for _ in range(start, stop):
             i0 = block * MR
@@ -206,18 +206,18 @@ if jit.numba is not None:
     def _layer_share(kc_at, m, a_at, c_at, res_at, has_res, team, me):
         """Member `me`'s share of one layer's tiles: the layer's constant block at kc_at, its m rows
         of input, output and residual at the other addresses."""
-        kc = carray(_int64s_at(kc_at), (_MEMBER + 1,))
+        kc = carray(int64s_at(kc_at), (_MEMBER + 1,))
         k, n, count = kc[_K], kc[_N], kc[_P]
-        bounds = carray(_float32s_at(kc[_BOUNDS]), (2,))
+        bounds = carray(float32s_at(kc[_BOUNDS]), (2,))
         tasks = (m + MR - 1) // MR * count
-        _tiles(carray(_float32s_at(a_at), (m, k)), carray(_float32s_at(kc[_PANELS]), (count, k, NR)),
-               carray(_float32s_at(c_at), (m, n)), carray(_float32s_at(res_at), (m, n)),
-               carray(_float32s_at(kc[_BIAS]), (count * NR,)), has_res, kc[_FORM], bounds[0], bounds[1],
+        _tiles(carray(float32s_at(a_at), (m, k)), carray(float32s_at(kc[_PANELS]), (count, k, NR)),
+               carray(float32s_at(c_at), (m, n)), carray(float32s_at(res_at), (m, n)),
+               carray(float32s_at(kc[_BIAS]), (count * NR,)), has_res, kc[_FORM], bounds[0], bounds[1],
                tasks * me // team, tasks * (me + 1) // team)
 
-    def _member(data):  # compiled into a C callable by _entry_address
-        q = carray(_int64s_at(data), (_HAS_RES + 1,))
-        kc = carray(_int64s_at(q[_CONSTS]), (_MEMBER + 1,))
+    def _member(data):  # compiled into a C callable by entry_address
+        q = carray(int64s_at(data), (_HAS_RES + 1,))
+        kc = carray(int64s_at(q[_CONSTS]), (_MEMBER + 1,))
         team, me = jit.c_call0(kc[_NUM_THREADS]), jit.c_call0(kc[_THREAD_NUM])
         _layer_share(q[_CONSTS], q[_M], q[_A], q[_C], q[_RES], q[_HAS_RES] != 0, team, me)
 
@@ -228,14 +228,14 @@ if jit.numba is not None:
         q[_M], q[_HAS_RES] = a.shape[0], has_res
         jit.c_call4(consts[_PARALLEL], consts[_MEMBER], q.ctypes.data, threads, 0)
 
-    def _chain_member(data):  # compiled into a C callable by _entry_address
-        q = carray(_int64s_at(data), (_CHAIN_M + 1,))
-        layers = carray(_int64s_at(q[_CHAIN_HEAD]), (_HEADER,))[_LAYERS]
-        h = carray(_int64s_at(q[_CHAIN_HEAD]), (_HEADER + layers,))
+    def _chain_member(data):  # compiled into a C callable by entry_address
+        q = carray(int64s_at(data), (_CHAIN_M + 1,))
+        layers = carray(int64s_at(q[_CHAIN_HEAD]), (_HEADER,))[_LAYERS]
+        h = carray(int64s_at(q[_CHAIN_HEAD]), (_HEADER + layers,))
         team, me = jit.c_call0(h[_H_NUM_THREADS]), jit.c_call0(h[_H_THREAD_NUM])
         m, a_at, free_at = q[_CHAIN_M], q[_CHAIN_A], q[_CHAIN_SCRATCH]
         for layer in range(layers):
-            n = carray(_int64s_at(h[_HEADER + layer]), (_MEMBER + 1,))[_N]
+            n = carray(int64s_at(h[_HEADER + layer]), (_MEMBER + 1,))[_N]
             last = layer == layers - 1
             c_at = q[_CHAIN_C] if last else free_at
             _layer_share(h[_HEADER + layer], m, a_at, c_at, c_at, False, team, me)
@@ -244,8 +244,8 @@ if jit.numba is not None:
                 a_at, free_at = c_at, free_at + m * n * 4
             elif h[_H_SOFTMAX] != _NO_SOFTMAX:  # each member's rows, once every column of them is written
                 jit.c_call0(h[_H_BARRIER])
-                scale = carray(_float32s_at(h[_H_SCALE]), (1,))[0]
-                jit.softmax_row_range(carray(_float32s_at(c_at), (m * n,)), n, h[_H_SOFTMAX] == _LOG_SOFTMAX, scale,
+                scale = carray(float32s_at(h[_H_SCALE]), (1,))[0]
+                jit.softmax_row_range(carray(float32s_at(c_at), (m * n,)), n, h[_H_SOFTMAX] == _LOG_SOFTMAX, scale,
                                       m * me // team, m * (me + 1) // team)
 
     @jit.njit(cache=True, nogil=True)
@@ -259,7 +259,7 @@ if jit.numba is not None:
 
 
 @functools.lru_cache(maxsize=2)
-def _entry_address(member: Any) -> int:
+def entry_address(member: Any) -> int:
     """A team members' entry point, fn(void *block), compiled on first use."""
     import numba
 
@@ -310,7 +310,7 @@ class PackedDense:
         consts = np.zeros(_MEMBER + 1, np.int64)
         consts[[_PANELS, _BIAS, _BOUNDS]] = [panels.ctypes.data, bias.ctypes.data, bounds.ctypes.data]
         consts[[_FORM, _K, _N, _P]] = [self._form[0], self.k, self.n, panels.shape[0]]
-        consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, _entry_address(_member)]
+        consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, entry_address(_member)]
         return _Packing(consts, panels, bias, bounds)
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
@@ -390,7 +390,7 @@ class PackedChain:
         head = np.zeros(_HEADER + len(packings), np.int64)
         head[[_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_BARRIER]] = [
             len(packings), omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, omp.BARRIER]
-        head[_H_MEMBER] = _entry_address(_chain_member)
+        head[_H_MEMBER] = entry_address(_chain_member)
         head[_HEADER:] = [p.consts.ctypes.data for p in packings]
         log, scale = self.softmax or (False, 1.0)
         scales = np.array([scale], _F32)

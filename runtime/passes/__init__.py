@@ -9,13 +9,14 @@ from .blocked import to_blocked
 from .layout import to_nhwc
 from .siblings import merge_sibling_matmuls
 from .chains import chain_dense_layers
+from .attention import fuse_attention
 from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views, matmul_operands_as_views
 
 PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "merge_sibling_matmuls",
             "fold_scale_into_softmax", "to_nhwc",
-            "collapse_views", "matmul_operands_as_views", "chain_dense_layers", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
+            "collapse_views", "fuse_attention", "matmul_operands_as_views", "chain_dense_layers", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
 
 def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
@@ -40,6 +41,7 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
         infer_shapes(graph)
         collapse_views(graph)
     if fusion and layout:
+        fuse_attention(eliminate_dead_nodes(graph))  # collapsed views leave their first reshapes unread
         matmul_operands_as_views(graph)
         chain_dense_layers(graph)
         infer_shapes(graph)
@@ -49,4 +51,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "chain_dense_layers", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "chain_dense_layers", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "fuse_attention", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

@@ -22,7 +22,8 @@ def _link(graph: Graph, node: Node) -> bool:
     return constant_dense_weights(graph, node) is not None and scalar_form(node.attrs.get("activation")) is not None
 
 
-def _last_axis(graph: Graph, node: Node) -> bool:
+def over_last_axis(graph: Graph, node: Node) -> bool:
+    """A (Log)Softmax over its input's last axis."""
     axis = node.attrs.get("axis", -1)
     info = graph.values.get(node.inputs[0])
     return axis == -1 or (info is not None and info.shape is not None and axis == len(info.shape) - 1)
@@ -51,7 +52,7 @@ def chain_dense_layers(graph: Graph) -> Graph:
             chain.append(after)
         end = sole_reader(chain[-1])
         softmax: dict[str, Any] | None = None
-        if end is not None and end.op in ("Softmax", "LogSoftmax") and _last_axis(graph, end):
+        if end is not None and end.op in ("Softmax", "LogSoftmax") and over_last_axis(graph, end):
             softmax = {"log": end.op == "LogSoftmax", "scale": float(end.attrs.get(SOFTMAX_SCALE, 1.0))}
         if len(chain) < 2 and softmax is None:
             continue
