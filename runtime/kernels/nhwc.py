@@ -12,7 +12,7 @@ from numpy.lib.stride_tricks import as_strided
 
 from . import activations, conv_gemm, jit, onednn, parallel
 from .nn import conv_geometry, geometry_by_input_size, make_epilogue, out_size
-from .registry import OutputShapes, KernelSpec, Run, register, same_as_input
+from .registry import BLOCKED_RESULT, OutputShapes, KernelSpec, Run, register, same_as_input
 
 
 TO_BLOCKED, FROM_BLOCKED = onednn.Reorder(to_blocked=True), onednn.Reorder(to_blocked=False)  # used only where oneDNN is
@@ -79,6 +79,15 @@ def takes_blocked(spec: KernelSpec) -> bool:
     return o % onednn.BLOCK == 0 and (group == 1 or (group == o == xs[3] and cg == 1))
 
 
+def writes_blocked(spec: KernelSpec) -> bool:
+    """Whether a float32 oneDNN convolution outside a blocked region can write its result blocked
+    for the region to read (BLOCKED_RESULT): output channels in whole blocks, no residual."""
+    w = spec.const(1)
+    return (spec.op == "FusedConvNHWC" and onednn.AVAILABLE and spec.dtypes[0] == np.float32 and w is not None
+            and onednn.conv_applies(spec, w) and spec.attr("group", 1) == 1 and w.shape[0] % onednn.BLOCK == 0
+            and not spec.has(3) and not _on_one_pixel(spec, w))
+
+
 def blocked_operand(spec: KernelSpec) -> int | None:
     """For a float32 Mul of NHWC activations by per-channel scales (N or 1, 1, 1, C), a squeeze-and-
     excitation gate: the position of the activations, which may then arrive blocked
@@ -111,13 +120,16 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     geometry = geometry_by_input_size(spec, (kh, kw))
 
     on_one_pixel = _on_one_pixel(spec, w)
+    blocked_result = bool(spec.attr(BLOCKED_RESULT))
     if dnnl is not None:
         def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
             blocked = x.ndim == 5
             _, _, b, e, oh, ow = geometry(*(x.shape[2:4] if blocked else x.shape[1:3]))
             if residual is not None and residual.ndim != x.ndim:  # a shortcut from outside the blocked region
                 residual = (TO_BLOCKED if blocked else FROM_BLOCKED)(residual)
-            return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace),)
+            # the region's reads take blocks from the batch where a ToBlocked would have made them
+            blocked_out = blocked_result and not blocked and x.shape[0] >= onednn.BLOCKED_MIN_BATCH
+            return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace, blocked_out=blocked_out),)
         if not on_one_pixel:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
             return run_onednn
 

@@ -41,6 +41,7 @@ _QUERY_IMPL_INFO_STR, _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 8, 136, 255
 # W, BLOCK) arrays. AVX2's direct and depthwise kernels are written for it; at a served batch they
 # beat the NHWC ones, at batch 1 not, so tensors take it only from BLOCKED_MIN_BATCH images up.
 BLOCK = 8
+_PLAIN, _BLOCKED, _NCHW_TO_BLOCKED = range(3)  # a convolution's source -> destination layouts
 BLOCKED_ENV = "KUBETRT_BLOCKED_MIN_BATCH"
 
 
@@ -531,11 +532,12 @@ class Conv2D(_FusedOp):
 
     def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
         lib, st = _lib, _library()
-        n, h, wd, oh, ow, pt, pl, pb, pr, blocked = key
+        n, h, wd, oh, ow, pt, pl, pb, pr, layout = key
         o, cg = self.w.shape[:2]
-        tag = st.tag_blocked if blocked else st.tag_acdb if self.nhwc else st.tag_abcd
-        mds = [_md((n, cg * self.group, h, wd), self._dt(self.src_dtype), tag), _md(self.w_dims, self._dt(self.w.dtype), st.tag_any),
-               _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), self._dt(self.dst_dtype), tag)]
+        plain = st.tag_acdb if self.nhwc else st.tag_abcd
+        src_tag, dst_tag = {_PLAIN: (plain, plain), _BLOCKED: (st.tag_blocked, st.tag_blocked), _NCHW_TO_BLOCKED: (st.tag_abcd, st.tag_blocked)}[layout]
+        mds = [_md((n, cg * self.group, h, wd), self._dt(self.src_dtype), src_tag), _md(self.w_dims, self._dt(self.w.dtype), st.tag_any),
+               _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), self._dt(self.dst_dtype), dst_tag)]
 
         def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
             _check(lib.dnnl_convolution_forward_primitive_desc_create(  # type: ignore[union-attr]
@@ -544,10 +546,13 @@ class Conv2D(_FusedOp):
         return _descriptor_with(mds, create)
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
-                 residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
+                 residual: np.ndarray | None = None, overwrite_residual: bool = False, blocked_out: bool = False) -> np.ndarray:
         """y = act(conv(x) + bias [+ residual]) in this convolution's layout, or in the blocked one
-        (see `blocked_shape`) when x is blocked. With overwrite_residual the sum lands in the
-        residual's own buffer (the executor says when it is dying)."""
+        (see `blocked_shape`) when x is blocked, or with blocked_out, from an NHWC x whose channels
+        do not fill blocks (an image's three): AVX2's kernels read those as NCHW and write blocks
+        (given NHWC they fall back to reference code), so x is transposed first, a third of the
+        traffic of reordering the result. With overwrite_residual the sum lands in the residual's
+        own buffer (the executor says when it is dying)."""
         blocked = self.nhwc and x.ndim == 5 and x.shape[-1] == BLOCK
         if x.dtype != self.src_dtype or (x.ndim != 4 and not blocked):
             raise ValueError(f"Conv {self.name}: expected a 4-D {self.src_dtype} input, got {x.dtype} of shape {x.shape}")
@@ -555,11 +560,16 @@ class Conv2D(_FusedOp):
         o, cg = self.w.shape[:2]
         if c != cg * self.group:
             raise ValueError(f"Conv {self.name}: input has {c} channels, weights expect {cg * self.group}")
-        if blocked and o % BLOCK:
-            raise ValueError(f"Conv {self.name}: a blocked input needs output channels in blocks of {BLOCK}, got {o}")
-        shape = blocked_shape((n, oh, ow, o)) if blocked else (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
-        key = (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], blocked)
-        return self._run(key, np.ascontiguousarray(x), shape, residual, overwrite_residual)
+        transpose = blocked_out and self.nhwc and not blocked
+        if (blocked or transpose) and o % BLOCK:
+            raise ValueError(f"Conv {self.name}: a blocked result needs output channels in blocks of {BLOCK}, got {o}")
+        if transpose and (self.residual or self.quant is not None):
+            raise ValueError(f"Conv {self.name}: blocked_out is for float32 convolutions without a residual")
+        shape = blocked_shape((n, oh, ow, o)) if blocked or transpose else (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
+        layout = _BLOCKED if blocked else _NCHW_TO_BLOCKED if transpose else _PLAIN
+        key = (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], layout)
+        src = np.ascontiguousarray(x.transpose(0, 3, 1, 2) if transpose else x)
+        return self._run(key, src, shape, residual, overwrite_residual)
 
 
 class Dense(_FusedOp):

@@ -5,7 +5,9 @@ other, slower ones, and a kernel given one layout in and the other out falls bac
 reference code. So the layout is chosen per region, not per node: connected convolutions and
 pools that all take it (kernels/nhwc.py `takes_blocked`) pass blocked tensors among themselves,
 a ToBlocked reorders each tensor entering the region and a FromBlocked each one leaving it for a
-kernel that reads NHWC; a global pool reads the blocks and leaves for free. Whether the tensors
+kernel that reads NHWC; a global pool reads the blocks and leaves for free, and a convolution
+whose input channels do not fill blocks (the stem, on an image's three) writes the blocks the
+region reads instead of a ToBlocked reordering its result. Whether the tensors
 are really blocked is the batch's call at run time (ToBlocked passes small batches through), so
 the rewritten graph serves every batch size. A region pays for its reorders only where it has
 convolutions enough to win them back.
@@ -13,8 +15,8 @@ convolutions enough to win them back.
 from __future__ import annotations
 
 from ..graph import Graph, Node, ValueInfo, toposort, unique_name
-from ..kernels.registry import BLOCKED_OPERAND
-from ..kernels.nhwc import BLOCKED_OPS, BLOCKED_SINKS, blocked_operand, takes_blocked
+from ..kernels.registry import BLOCKED_OPERAND, BLOCKED_RESULT
+from ..kernels.nhwc import BLOCKED_OPS, BLOCKED_SINKS, blocked_operand, takes_blocked, writes_blocked
 from .shape_inference import spec_for
 
 CONVS_PER_REORDER = 4  # a region's convolutions per reorder beyond its first one
@@ -64,6 +66,19 @@ def _regions(graph: Graph) -> tuple[list[list[Node]], set[str]]:
     return list(groups.values()), sinks
 
 
+def _writes_blocked_for(graph: Graph, producer: Node | None, v: str, readers: set[str], consumers: dict[str, list[Node]],
+                        outputs: set[str]) -> bool:
+    """Whether `producer`, a convolution outside the region (its input channels do not fill
+    blocks), can write v blocked instead of a ToBlocked reordering it: v read by the region (and
+    its global pools) alone. Marks the producer so."""
+    if producer is None or v in outputs or any(c.name not in readers for c in consumers.get(v, [])):
+        return False
+    if not writes_blocked(spec_for(graph, producer)):
+        return False
+    producer.attrs[BLOCKED_RESULT] = True
+    return True
+
+
 def _describe_like(graph: Graph, new: str, old: str) -> None:
     """The blocked twin of a value has its logical (NHWC) dtype and shape."""
     info = graph.values.get(old)
@@ -88,7 +103,10 @@ def to_blocked(graph: Graph) -> Graph:
             for n in region:
                 n.attrs.pop(BLOCKED_OPERAND, None)
             continue
+        producers = graph.producers()
         for v in entries:
+            if _writes_blocked_for(graph, producers.get(v), v, inside | sinks, consumers, outputs):
+                continue  # its producer writes the blocks itself: the region reads v as it is
             b = unique_name(f"{v}__blocked", taken)
             graph.nodes.append(Node("ToBlocked", b, [v], [b]))
             _describe_like(graph, b, v)

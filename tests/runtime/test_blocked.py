@@ -137,3 +137,54 @@ def test_scale_blocked_matches_broadcasting_and_names_bad_shapes() -> None:
     np.testing.assert_array_equal(jit.scale_blocked(x, g, np.empty_like(x)), x * g.reshape(3, 2, 1, 1, 8))
     with pytest.raises(ValueError, match=r"scale_blocked: .* got \[3, 2, 4, 5, 8\] and \[3, 1, 1, 24\]"):
         jit.scale_blocked(x, f32(3, 1, 1, 24), np.empty_like(x))
+
+
+def stem_net(stem_read_outside: bool = False, stem_residual: bool = False) -> Any:
+    # an image's three channels -> 16: the stem cannot read blocks, but the region after it can
+    nodes = [node("Conv", ["img", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c0"], ["stem"]),
+             node("Conv", ["stem", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
+             node("Conv", ["r1", "w2"], ["c2"]), node("GlobalAveragePool", ["c2"], ["y"])]
+    outputs = ["y"] + (["stem"] if stem_read_outside else [])
+    consts = {"w0": f32(16, 3, 3, 3), "b0": f32(16), "w1": f32(16, 16, 3, 3), "b1": f32(16), "w2": f32(16, 16, 1, 1)}
+    return make_model(nodes, {"img": f32(1, 3, 14, 14)}, outputs, consts, dynamic_batch=True)
+
+
+def run_stem(model: Any, batch: int) -> tuple[dict[str, tuple[int, ...]], list[tuple[int, ...]]]:
+    img = f32(batch, 3, 14, 14)
+    convs: list[tuple[int, ...]] = []
+    seen: dict[str, tuple[int, ...]] = {}
+
+    def on_step(op: str, args: tuple[Any, ...], out: tuple[np.ndarray, ...]) -> None:
+        seen[op] = np.shape(out[0])
+        if op == "FusedConvNHWC":
+            convs.append(np.shape(out[0]))
+    got, _ = run_plan(model, {"img": img}, on_step)
+    for g, want in zip(got, run_ort(model, {"img": img})):
+        np.testing.assert_allclose(g, want, rtol=1e-4, atol=1e-4)
+    return seen, convs
+
+
+def test_the_stem_convolution_writes_the_regions_blocks_itself() -> None:
+    model = stem_net()
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert "ToBlocked" not in ops and ops.count("FusedConvNHWC") == 3, ops
+    seen, convs = run_stem(model, LARGE)
+    assert convs[0] == (LARGE, 2, 7, 7, onednn.BLOCK) and convs[1] == (LARGE, 2, 7, 7, onednn.BLOCK), convs
+    assert seen["GlobalAveragePoolNHWC"] == (LARGE, 1, 1, 16)
+    _, convs = run_stem(model, SMALL)
+    assert convs[0] == (SMALL, 7, 7, 16), convs  # below the threshold the whole region stays NHWC
+
+
+def test_a_stem_whose_result_is_read_outside_the_region_keeps_its_reorder() -> None:
+    model = stem_net(stem_read_outside=True)
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert ops.count("ToBlocked") == 1, ops
+    _, convs = run_stem(model, LARGE)
+    assert convs[0] == (LARGE, 7, 7, 16), convs
+
+
+def test_blocked_out_names_what_it_cannot_do() -> None:
+    w = f32(12, 3, 3, 3)
+    conv = onednn.Conv2D(w, None, 1, [1, 1], [1, 1], None, residual=False)
+    with pytest.raises(ValueError, match="a blocked result needs output channels in blocks of 8, got 12"):
+        conv(f32(8, 5, 5, 3), 5, 5, [1, 1], [1, 1], blocked_out=True)
