@@ -6,6 +6,7 @@ re-laid out once, in the factory: (kh*kw*C, O) for GEMM, (kh, kw, C) for depthwi
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
@@ -122,14 +123,20 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     on_one_pixel = _on_one_pixel(spec, w)
     blocked_result = bool(spec.attr(BLOCKED_RESULT))
     if dnnl is not None:
-        def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
-            blocked = x.ndim == 5
-            _, _, b, e, oh, ow = geometry(*(x.shape[2:4] if blocked else x.shape[1:3]))
-            if residual is not None and residual.ndim != x.ndim:  # a shortcut from outside the blocked region
-                residual = (TO_BLOCKED if blocked else FROM_BLOCKED)(residual)
+        bound: dict[tuple[int, ...], Callable[..., np.ndarray]] = {}  # the convolution per input shape
+
+        def bind(shape: tuple[int, ...]) -> Callable[..., np.ndarray]:
+            blocked = len(shape) == 5
+            _, _, b, e, oh, ow = geometry(*(shape[2:4] if blocked else shape[1:3]))
             # the region's reads take blocks from the batch where a ToBlocked would have made them
-            blocked_out = blocked_result and not blocked and x.shape[0] >= onednn.BLOCKED_MIN_BATCH
-            return (dnnl(x, oh, ow, b, e, residual, overwrite_residual=residual_inplace, blocked_out=blocked_out),)
+            blocked_out = blocked_result and not blocked and shape[0] >= onednn.BLOCKED_MIN_BATCH
+            return bound.setdefault(shape, dnnl.bind(shape, oh, ow, b, e, blocked_out))
+
+        def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
+            call = bound.get(x.shape) or bind(x.shape)
+            if residual is not None and residual.ndim != x.ndim:  # a shortcut from outside the blocked region
+                residual = (TO_BLOCKED if x.ndim == 5 else FROM_BLOCKED)(residual)
+            return (call(x, residual, residual_inplace),)
         if not on_one_pixel:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
             return run_onednn
 
@@ -247,15 +254,19 @@ def pool_nhwc(spec: KernelSpec) -> Run:
     fused = onednn.Pool2D(algorithm, k, strides, dil, spec.name) if onednn.AVAILABLE else None
     geometry = functools.lru_cache(maxsize=16)(lambda h, wd: pool_geometry(spec, k, h, wd, ceil))
 
-    def run_onednn(x: np.ndarray) -> tuple[np.ndarray, ...]:
-        blocked = x.ndim == 5
-        _, h, wd, _ = onednn.unblocked_shape(x.shape) if blocked else x.shape
+    bound: dict[tuple[int, ...], Callable[[np.ndarray], np.ndarray] | None] = {}  # oneDNN's pooling per input shape, or None
+
+    def bind(shape: tuple[int, ...]) -> Callable[[np.ndarray], np.ndarray] | None:
+        _, h, wd, _ = onednn.unblocked_shape(shape) if len(shape) == 5 else shape
         _, _, b, e, tail, oh, ow = geometry(h, wd)
-        if x.dtype != np.float32 or fused is None or (include_pad and not is_max and tail != e):
-            if blocked:  # the ceil-mode overhang never counts, oneDNN's padding would
-                return (TO_BLOCKED(run(FROM_BLOCKED(x))[0]),)
-            return run(x)
-        return (fused(x, oh, ow, b, tail),)
+        usable = fused is not None and not (include_pad and not is_max and tail != e)  # the ceil-mode overhang never counts, oneDNN's padding would
+        return bound.setdefault(shape, fused.bind(shape, oh, ow, b, tail) if usable and fused is not None else None)
+
+    def run_onednn(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        call = bound[x.shape] if x.shape in bound else bind(x.shape)
+        if call is None or x.dtype != np.float32:
+            return (TO_BLOCKED(run(FROM_BLOCKED(x))[0]),) if x.ndim == 5 else run(x)
+        return (call(x),)
 
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         if not simple_max:  # rare variants (ceil mode, averages with padding) reuse the NCHW code

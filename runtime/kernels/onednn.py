@@ -386,7 +386,7 @@ class _FusedOp:
             (_ARG_WEIGHTS, np.ascontiguousarray(quant.w_scales, dtype=np.float32).reshape(-1)),
         ] + ([] if quant.dst_scale is None else [(_ARG_DST, np.array([quant.dst_scale], np.float32))])
         self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], np.ndarray]] = {}  # primitive, constant pointers, weights
-        self._choices: dict[tuple[int, ...], TeamChoice] = {}
+        self._sites: dict[tuple[int, ...], _Site] = {}
         self._weights: list[tuple[Any, np.ndarray]] = []  # (memory desc clone, reordered weights)
         self._lock = threading.Lock()
 
@@ -459,31 +459,61 @@ class _FusedOp:
         return self._primitive(key)[0].implementation
 
     def _run(self, key: tuple[int, ...], x: np.ndarray, shape: tuple[int, ...], residual: np.ndarray | None, overwrite_residual: bool) -> np.ndarray:
-        choice = omp.choice_for(self._choices, key)
-        serial = choice.pick()
-        prim, const_ptrs, _ = self._primitive(key, serial)
-        if x.dtype != self.src_dtype:
-            raise ValueError(f"{self.kind} {self.name}: expected a {self.src_dtype} input, got {x.dtype}")
-        if self.residual:
-            if residual is None:
-                raise ValueError(f"{self.kind} {self.name}: built with a residual sum, but no residual was passed")
-            if residual.shape != shape or residual.dtype.itemsize != self.dst_dtype.itemsize:
-                raise ValueError(f"{self.kind} {self.name}: residual {residual.dtype}{list(residual.shape)} does not fit "
-                                 f"the output {self.dst_dtype}{list(shape)}")
-            if overwrite_residual and residual.flags.writeable and residual.flags.c_contiguous and residual.dtype == self.dst_dtype:
-                out = residual
-            else:
-                out = np.empty(shape, dtype=self.dst_dtype)
-                np.copyto(out.view(residual.dtype), residual)
-        else:
-            out = np.empty(shape, dtype=self.dst_dtype)
-        _execute(prim, x, out, const_ptrs, serial, choice)
-        return out
+        return _site(self, key, shape)(x, residual, overwrite_residual)
 
     def __del__(self) -> None:
         if _lib is not None:
             for md, _ in getattr(self, "_weights", ()):  # absent when construction failed
                 _lib.dnnl_memory_desc_destroy(md)
+
+
+def _site(op: Any, key: tuple[int, ...], shape: tuple[int, ...]) -> "_Site":
+    """op's call site for one input shape (`key`, the result's `shape`), made on its first call."""
+    found: _Site | None = op._sites.get(key)
+    if found is None:
+        found = op._sites.setdefault(key, _Site(op, key, shape))
+    return found
+
+
+class _Site:
+    """One input shape of a fused op or a pooling, resolved once: its TeamChoice, its primitives (made on first
+    use, per team size) and the result's shape. A kernel that keeps the site of each shape it sees
+    calls it with no key, no lookups and no shape work: a plan's step costs the library call."""
+
+    __slots__ = ("op", "key", "shape", "choice", "made")
+
+    def __init__(self, op: Any, key: tuple[int, ...], shape: tuple[int, ...]) -> None:
+        self.op, self.key, self.shape = op, key, shape
+        self.choice = TeamChoice()
+        self.made: list[tuple[_Primitive, list[int], np.ndarray | None] | None] = [None, None]  # for the team, for one thread
+
+    def __call__(self, x: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
+        op = self.op
+        if x.dtype != op.src_dtype:
+            raise ValueError(f"{op.kind} {op.name}: expected a {op.src_dtype} input, got {x.dtype}")
+        if not x.flags.c_contiguous:
+            x = np.ascontiguousarray(x)
+        choice = self.choice
+        serial = choice.pick()
+        made = self.made[serial]
+        if made is None:
+            made = self.made[serial] = op._primitive(self.key, serial)
+        shape = self.shape
+        if op.residual:
+            if residual is None:
+                raise ValueError(f"{op.kind} {op.name}: built with a residual sum, but no residual was passed")
+            if residual.shape != shape or residual.dtype.itemsize != op.dst_dtype.itemsize:
+                raise ValueError(f"{op.kind} {op.name}: residual {residual.dtype}{list(residual.shape)} does not fit "
+                                 f"the output {op.dst_dtype}{list(shape)}")
+            if overwrite_residual and residual.flags.writeable and residual.flags.c_contiguous and residual.dtype == op.dst_dtype:
+                out = residual
+            else:
+                out = np.empty(shape, dtype=op.dst_dtype)
+                np.copyto(out.view(residual.dtype), residual)
+        else:
+            out = np.empty(shape, dtype=op.dst_dtype)
+        _execute(made[0], x, out, made[1], serial, choice)
+        return out
 
 
 def _descriptor_with(mds: list[ctypes.c_void_p | None], create: Any) -> ctypes.c_void_p:
@@ -553,10 +583,18 @@ class Conv2D(_FusedOp):
         (given NHWC they fall back to reference code), so x is transposed first, a third of the
         traffic of reordering the result. With overwrite_residual the sum lands in the residual's
         own buffer (the executor says when it is dying)."""
-        blocked = self.nhwc and x.ndim == 5 and x.shape[-1] == BLOCK
-        if x.dtype != self.src_dtype or (x.ndim != 4 and not blocked):
+        if x.dtype != self.src_dtype:
             raise ValueError(f"Conv {self.name}: expected a 4-D {self.src_dtype} input, got {x.dtype} of shape {x.shape}")
-        n, h, wd, c = unblocked_shape(x.shape) if blocked else x.shape if self.nhwc else (x.shape[0], x.shape[2], x.shape[3], x.shape[1])
+        return self.bind(x.shape, oh, ow, pads_begin, pads_end, blocked_out)(x, residual, overwrite_residual)
+
+    def bind(self, x_shape: tuple[int, ...], oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
+             blocked_out: bool = False) -> Callable[..., np.ndarray]:
+        """This convolution for inputs of one shape, as `call(x, residual=None, overwrite_residual=False)`:
+        what a kernel keeps per shape it sees (see _Site)."""
+        blocked = self.nhwc and len(x_shape) == 5 and x_shape[-1] == BLOCK
+        if len(x_shape) != 4 and not blocked:
+            raise ValueError(f"Conv {self.name}: expected a 4-D {self.src_dtype} input, got shape {tuple(x_shape)}")
+        n, h, wd, c = unblocked_shape(x_shape) if blocked else x_shape if self.nhwc else (x_shape[0], x_shape[2], x_shape[3], x_shape[1])
         o, cg = self.w.shape[:2]
         if c != cg * self.group:
             raise ValueError(f"Conv {self.name}: input has {c} channels, weights expect {cg * self.group}")
@@ -567,9 +605,13 @@ class Conv2D(_FusedOp):
             raise ValueError(f"Conv {self.name}: blocked_out is for float32 convolutions without a residual")
         shape = blocked_shape((n, oh, ow, o)) if blocked or transpose else (n, oh, ow, o) if self.nhwc else (n, o, oh, ow)
         layout = _BLOCKED if blocked else _NCHW_TO_BLOCKED if transpose else _PLAIN
-        key = (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], layout)
-        src = np.ascontiguousarray(x.transpose(0, 3, 1, 2) if transpose else x)
-        return self._run(key, src, shape, residual, overwrite_residual)
+        site = _site(self, (n, h, wd, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], layout), shape)
+        if not transpose:
+            return site
+
+        def from_nhwc(x: np.ndarray, residual: None = None, overwrite_residual: bool = False) -> np.ndarray:
+            return site(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
+        return from_nhwc
 
 
 class Dense(_FusedOp):
@@ -624,16 +666,18 @@ class Pool2D:
     """Max or average pooling of NHWC float32 (`algorithm`: pooling_max, pooling_avg_exclude_padding
     or pooling_avg_include_padding): oneDNN's kernels read the channels innermost in one pass."""
 
+    kind, src_dtype, dst_dtype, residual = "Pool", _F32, _F32, False  # what a _Site reads of its op
+
     def __init__(self, algorithm: str, kernel: tuple[int, ...], strides: list[int], dil: list[int], name: str = "pool") -> None:
         self.alg = _library().alg_kind(algorithm)
         self.kernel, self.strides, self.dil, self.name = list(kernel), list(strides), list(dil), name
-        self._shapes: dict[tuple[int, ...], _Primitive] = {}
+        self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], None]] = {}
         self._lock = threading.Lock()
-        self._choices: dict[tuple[int, ...], TeamChoice] = {}
+        self._sites: dict[tuple[int, ...], _Site] = {}
 
-    def _primitive(self, key: tuple[int, ...], serial: bool) -> _Primitive:
+    def _primitive(self, key: tuple[int, ...], serial: bool) -> tuple[_Primitive, list[int], None]:
         cached = key + (serial,)
-        return self._shapes.get(cached) or _made_once(self._shapes, self._lock, cached, lambda: self._make(key, serial))
+        return self._shapes.get(cached) or _made_once(self._shapes, self._lock, cached, lambda: (self._make(key, serial), [], None))
 
     def _make(self, key: tuple[int, ...], serial: bool) -> _Primitive:
         lib, st = _lib, _library()
@@ -659,16 +703,18 @@ class Pool2D:
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> np.ndarray:
         """Pool an NHWC float32 tensor to (N, oh, ow, C), or a blocked one to its blocked result; an
         empty kernel pools each whole plane."""
-        blocked = x.ndim == 5 and x.shape[-1] == BLOCK
-        if x.dtype != _F32 or (x.ndim != 4 and not blocked):
+        if x.dtype != _F32:
             raise ValueError(f"Pool {self.name}: expected a 4-D float32 NHWC input, got {x.dtype} of shape {x.shape}")
-        n, h, wd, c = unblocked_shape(x.shape) if blocked else x.shape
-        out = np.empty(blocked_shape((n, oh, ow, c)) if blocked else (n, oh, ow, c), dtype=_F32)
+        return self.bind(x.shape, oh, ow, pads_begin, pads_end)(x)
+
+    def bind(self, x_shape: tuple[int, ...], oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> "_Site":
+        """This pooling for inputs of one shape: what a kernel keeps per shape it sees."""
+        blocked = len(x_shape) == 5 and x_shape[-1] == BLOCK
+        if len(x_shape) != 4 and not blocked:
+            raise ValueError(f"Pool {self.name}: expected a 4-D float32 NHWC input, got shape {tuple(x_shape)}")
+        n, h, wd, c = unblocked_shape(x_shape) if blocked else x_shape
         key = (n, h, wd, c, oh, ow, pads_begin[0], pads_begin[1], pads_end[0], pads_end[1], blocked)
-        choice = omp.choice_for(self._choices, key)
-        serial = choice.pick()
-        _execute(self._primitive(key, serial), np.ascontiguousarray(x), out, [], serial, choice)
-        return out
+        return _site(self, key, blocked_shape((n, oh, ow, c)) if blocked else (n, oh, ow, c))
 
 
 class Reorder:

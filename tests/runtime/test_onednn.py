@@ -25,14 +25,14 @@ def f32(*shape: int) -> np.ndarray:
 
 @pytest.fixture
 def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
-    """Records (op kind, input shape) of every convolution and matmul oneDNN ran."""
+    """Records (op kind, input shape) of every convolution, matmul and pooling oneDNN ran."""
     calls: list[tuple[str, tuple[int, ...]]] = []
-    real = onednn._FusedOp._run
+    real = onednn._Site.__call__
 
-    def spy(self: onednn._FusedOp, key, x, *a, **k):  # type: ignore[no-untyped-def]
-        calls.append((self.kind, x.shape))
-        return real(self, key, x, *a, **k)
-    monkeypatch.setattr(onednn._FusedOp, "_run", spy)
+    def spy(self: onednn._Site, x, *a, **k):  # type: ignore[no-untyped-def]
+        calls.append((self.op.kind, x.shape))
+        return real(self, x, *a, **k)
+    monkeypatch.setattr(onednn._Site, "__call__", spy)
     return calls
 
 
