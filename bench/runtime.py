@@ -243,6 +243,10 @@ def model_flops(package: Path) -> float:
         elif n.op == "DenseChain":  # each layer's rows x K x N: the rows are the output's
             rows = size / out.shape[-1]
             total += sum(2 * rows * g.constants[w].size for w in n.inputs[1::2])
+        elif n.op == "FusedAttention":  # per head, S x T scores of depth D, then S x E sums over T
+            (s, d), (_, t), e = n.attrs["shapes"][0][-2:], n.attrs["shapes"][1][-2:], n.attrs["shapes"][2][-1]
+            heads = float(np.prod(n.attrs["shapes"][0][:-2]))
+            total += 2 * heads * s * t * (d + e)
     return total
 
 
