@@ -132,8 +132,8 @@ if sgemm.AVAILABLE:
     # A head's scores are computed transposed, (T, S), in panels of NR queries: the softmax over
     # T then runs down the columns, each step a whole vector of NR queries, and both products run
     # on sgemm's register tiles with loops of constant length. Operands are gathered into
-    # zero-padded scratch per head (a transposed gather is the plain one over the transposed
-    # layout); a unit-stride run is read as one contiguous segment.
+    # zero-padded scratch per head through raw pointers (a transposed gather is the plain one
+    # over the transposed layout).
 
     @jit.njit(cache=True, nogil=True, inline="always", fastmath={"contract"})
     def _step(acc, a0, a1, a2, a3, b, p, kk):
@@ -181,84 +181,66 @@ if sgemm.AVAILABLE:
     @jit.njit(cache=True, nogil=True, inline="always")
     def _gather_panels(src_at, lay, g, dst):
         # dst[c // NR, r, c % NR] = head g's [r, c]: columns in panels
+        src = sgemm.float32s_at(src_at)
         base, rows, cols, sr, sc = _head_at(lay, g), lay[3], lay[4], lay[7], lay[8]
         for r in range(rows):
-            if sc == 1:
-                for p in range(cols // NR):
-                    seg = sgemm.segment(src_at, 0, 0, base + r * sr + p * NR, NR)
-                    for j in range(NR):
-                        dst[p, r, j] = seg[j]
-                for c in range(cols - cols % NR, cols):
-                    dst[c // NR, r, c % NR] = sgemm.segment(src_at, 0, 0, base + r * sr + c, 1)[0]
-            else:
-                for c in range(cols):
-                    dst[c // NR, r, c % NR] = sgemm.segment(src_at, 0, 0, base + r * sr + c * sc, 1)[0]
+            at = base + r * sr
+            for c in range(cols):
+                dst[c // NR, r, c % NR] = src[at + c * sc]
 
     @jit.njit(cache=True, nogil=True, inline="always")
     def _gather_rows(src_at, lay, g, dst):
         # dst[r, c, 0] = head g's [r, c]
+        src = sgemm.float32s_at(src_at)
         base, rows, cols, sr, sc = _head_at(lay, g), lay[3], lay[4], lay[7], lay[8]
         for r in range(rows):
-            if sc == 1:
-                seg = sgemm.segment(src_at, 0, 0, base + r * sr, cols)
-                for c in range(cols):
-                    dst[r, c, 0] = seg[c]
-            else:
-                for c in range(cols):
-                    dst[r, c, 0] = sgemm.segment(src_at, 0, 0, base + r * sr + c * sc, 1)[0]
+            at = base + r * sr
+            for c in range(cols):
+                dst[r, c, 0] = src[at + c * sc]
 
     @jit.njit(cache=True, nogil=True, inline="always")
-    def _scatter_panels(src, lay, g, dst_at):
-        # head g's [r, c] = src[c // NR, r, c % NR]
+    def _scatter_rows_scaled(src, scales, lay, g, dst_at):
+        # head g's [r, c] = src[c // NR, r, c % NR] * scales[r]
+        dst = sgemm.float32s_at(dst_at)
         base, rows, cols, sr, sc = _head_at(lay, g), lay[3], lay[4], lay[7], lay[8]
         for r in range(rows):
-            if sc == 1:
-                for p in range(cols // NR):
-                    seg = sgemm.segment(dst_at, 0, 0, base + r * sr + p * NR, NR)
-                    for j in range(NR):
-                        seg[j] = src[p, r, j]
-                for c in range(cols - cols % NR, cols):
-                    sgemm.segment(dst_at, 0, 0, base + r * sr + c, 1)[0] = src[c // NR, r, c % NR]
-            else:
-                for c in range(cols):
-                    sgemm.segment(dst_at, 0, 0, base + r * sr + c * sc, 1)[0] = src[c // NR, r, c % NR]
+            at, scale = base + r * sr, scales[r]
+            for c in range(cols):
+                dst[at + c * sc] = src[c // NR, r, c % NR] * scale
 
     @jit.njit(cache=True, nogil=True, error_model="numpy")
-    def _softmax_columns(probs, p, t_n, scale):
-        # softmax down each of panel p's NR columns over its first t_n rows; a register tile
-        # holds the columns' maxima, then their sums
+    def _softmax_columns(probs, p, t_n, scale, sums):
+        # exp(scale * x - max) down each of panel p's NR columns over its first t_n rows, and
+        # 1 / each column's sum into sums[p * NR:]; a register tile holds the maxima and the sums
         acc = sgemm.stack_tile()
-        for t in range(t_n):
-            for j in range(NR):
-                probs[p, t, j] *= scale
         for j in range(NR):
-            acc[0, j] = probs[p, 0, j]
+            acc[0, j] = probs[p, 0, j] * scale
             acc[1, j] = 0.0
         for t in range(t_n):
             for j in range(NR):
-                acc[0, j] = max(acc[0, j], probs[p, t, j])
+                x = probs[p, t, j] * scale
+                probs[p, t, j] = x
+                acc[0, j] = max(acc[0, j], x)
         for t in range(t_n):
             for j in range(NR):
                 e = jit.expf(probs[p, t, j] - acc[0, j])
                 probs[p, t, j] = e
                 acc[1, j] += e
         for j in range(NR):
-            acc[1, j] = np.float32(1.0) / acc[1, j]
-        for t in range(t_n):
-            for j in range(NR):
-                probs[p, t, j] *= acc[1, j]
+            sums[p * NR + j] = np.float32(1.0) / acc[1, j]
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"}, error_model="numpy")
     def _heads(q_at, ql, k_at, kl, v_at, vl, out_at, ol, scale, start, stop):
         # heads [start, stop) of softmax(scale * q @ k) @ v, each operand at its address read
-        # through its layout
+        # through its layout; the softmax's division waits for the result: rows of E, not T
         s_n, d_n, t_n, e_n = ql[3], ql[4], kl[4], vl[4]
         qtl, ktl = _transposed(ql), _transposed(kl)
         sp, t4, ep = -(-s_n // NR), -(-t_n // MR) * MR, -(-e_n // NR)
         q_t = np.zeros((sp, d_n, NR), np.float32)  # q transposed, in panels of NR queries
         k_t = np.zeros((t4, d_n, 1), np.float32)  # k transposed: a row per key
         v_p = np.zeros((ep, t_n, NR), np.float32)
-        probs = np.empty((sp, t4, NR), np.float32)  # scores, then probabilities, transposed
+        probs = np.empty((sp, t4, NR), np.float32)  # scores, then their exponentials, transposed
+        sums = np.empty(sp * NR, np.float32)  # 1 / each query's sum of exponentials
         res = np.empty((ep, sp * NR, NR), np.float32)
         for g in range(start, stop):
             _gather_panels(q_at, qtl, g, q_t)
@@ -266,9 +248,9 @@ if sgemm.AVAILABLE:
             _gather_panels(v_at, vl, g, v_p)
             _product(k_t, False, q_t, probs, d_n)
             for p in range(sp):
-                _softmax_columns(probs, p, t_n, scale)
+                _softmax_columns(probs, p, t_n, scale, sums)
             _product(probs, True, v_p, res, t_n)
-            _scatter_panels(res, ol, g, out_at)
+            _scatter_rows_scaled(res, sums, ol, g, out_at)
 
 
     # The block a call hands the team: addresses, then the head count; the four layouts (9 words

@@ -89,7 +89,7 @@ if jit.numba is not None:
     # loop from vectorizing, and a slice costs a bounds normalization per tile.
 
     @jit.njit(cache=True, nogil=True, inline="always")
-    def segment(at, row, n, j0, width):
+    def _segment(at, row, n, j0, width):
         """Columns [j0, j0 + width) of one row of a C-contiguous float32 (?, n) array at address `at`."""
         return carray(float32s_at(at + (row * n + j0) * 4), (width,))
 
@@ -101,14 +101,14 @@ if jit.numba is not None:
     def _start(acc, edge, rows, cols, res_at, bias_at, n, i0, j0, has_res):
         # The sums start from the bias (and the residual): adding them later would read and
         # write the stored tile again.
-        b = segment(bias_at, 0, 0, j0, NR)
+        b = _segment(bias_at, 0, 0, j0, NR)
         if not has_res:
             for r in range(MR):
                 for j in range(NR):
                     acc[r, j] = b[j]
         elif rows == MR and cols == NR:
             for r in range(MR):
-                src = segment(res_at, i0 + r, n, j0, NR)
+                src = _segment(res_at, i0 + r, n, j0, NR)
                 for j in range(NR):
                     acc[r, j] = b[j] + src[j]
         else:
@@ -116,7 +116,7 @@ if jit.numba is not None:
                 for j in range(NR):
                     edge[r, j] = 0.0
             for r in range(rows):
-                src = segment(res_at, i0 + r, n, j0, cols)
+                src = _segment(res_at, i0 + r, n, j0, cols)
                 for j in range(cols):
                     edge[r, j] = src[j]
             for r in range(MR):
@@ -139,7 +139,7 @@ if jit.numba is not None:
                     acc[r, j] = jit.gelu_erf(acc[r, j])
         if rows == MR and cols == NR:
             for r in range(MR):
-                dst = segment(c_at, i0 + r, n, j0, NR)
+                dst = _segment(c_at, i0 + r, n, j0, NR)
                 for j in range(NR):
                     dst[j] = acc[r, j]
         else:
@@ -147,7 +147,7 @@ if jit.numba is not None:
                 for j in range(NR):
                     edge[r, j] = acc[r, j]
             for r in range(rows):
-                dst = segment(c_at, i0 + r, n, j0, cols)
+                dst = _segment(c_at, i0 + r, n, j0, cols)
                 for j in range(cols):
                     dst[j] = edge[r, j]
 
