@@ -135,34 +135,20 @@ if sgemm.AVAILABLE:
     # zero-padded scratch per head through raw pointers (a transposed gather is the plain one
     # over the transposed layout).
 
-    @jit.njit(cache=True, nogil=True, inline="always", fastmath={"contract"})
-    def _step(acc, a0, a1, a2, a3, b, p, kk):
-        for j in range(NR):
-            w = b[p, kk, j]
-            acc[0, j] += a0 * w
-            acc[1, j] += a1 * w
-            acc[2, j] += a2 * w
-            acc[3, j] += a3 * w
-
     @jit.njit(cache=True, nogil=True, fastmath={"contract"})
-    def _product(a, a_panels, b, c, k):
-        # c[p, i, j] = sum over kk < k of A[i, kk] * b[p, kk, j], in MR x NR register tiles, where
-        # A is a (rows, k) array or, with a_panels, one held as panels A[i, kk] = a[i // NR, kk, i % NR].
-        # Not inlined: alone, the tile's accumulators keep their registers
-        rows = a.shape[0] * NR if a_panels else a.shape[0]
+    def _product(a, b, c, k):
+        # c[p, i, j] = sum over kk < k of A[i, kk] * b[p, kk, j] in MR x NR register tiles, with A
+        # held as panels too: A[i, kk] = a[i // NR, kk, i % NR]. Not inlined: alone, the tile's
+        # accumulators keep their registers
         acc = sgemm.stack_tile()
         for p in range(b.shape[0]):
-            for i0 in range(0, rows, MR):
+            for i0 in range(0, a.shape[0] * NR, MR):
                 for r in range(MR):
                     for j in range(NR):
                         acc[r, j] = 0.0
-                if a_panels:  # a branch per tile, not per step: the step loop must stay straight
-                    ip, ij = i0 // NR, i0 % NR
-                    for kk in range(k):
-                        _step(acc, a[ip, kk, ij], a[ip, kk, ij + 1], a[ip, kk, ij + 2], a[ip, kk, ij + 3], b, p, kk)
-                else:
-                    for kk in range(k):
-                        _step(acc, a[i0, kk, 0], a[i0 + 1, kk, 0], a[i0 + 2, kk, 0], a[i0 + 3, kk, 0], b, p, kk)
+                ip, ij = i0 // NR, i0 % NR
+                for kk in range(k):
+                    sgemm.tile_step(acc, a[ip, kk, ij], a[ip, kk, ij + 1], a[ip, kk, ij + 2], a[ip, kk, ij + 3], b, p, kk)
                 for r in range(MR):
                     for j in range(NR):
                         c[p, i0 + r, j] = acc[r, j]
@@ -187,16 +173,6 @@ if sgemm.AVAILABLE:
             at = base + r * sr
             for c in range(cols):
                 dst[c // NR, r, c % NR] = src[at + c * sc]
-
-    @jit.njit(cache=True, nogil=True, inline="always")
-    def _gather_rows(src_at, lay, g, dst):
-        # dst[r, c, 0] = head g's [r, c]
-        src = sgemm.float32s_at(src_at)
-        base, rows, cols, sr, sc = _head_at(lay, g), lay[3], lay[4], lay[7], lay[8]
-        for r in range(rows):
-            at = base + r * sr
-            for c in range(cols):
-                dst[r, c, 0] = src[at + c * sc]
 
     @jit.njit(cache=True, nogil=True, inline="always")
     def _scatter_rows_scaled(src, scales, lay, g, dst_at):
@@ -234,22 +210,22 @@ if sgemm.AVAILABLE:
         # heads [start, stop) of softmax(scale * q @ k) @ v, each operand at its address read
         # through its layout; the softmax's division waits for the result: rows of E, not T
         s_n, d_n, t_n, e_n = ql[3], ql[4], kl[4], vl[4]
-        qtl, ktl = _transposed(ql), _transposed(kl)
-        sp, t4, ep = -(-s_n // NR), -(-t_n // MR) * MR, -(-e_n // NR)
+        qtl = _transposed(ql)
+        sp, tp, ep = -(-s_n // NR), -(-t_n // NR), -(-e_n // NR)
         q_t = np.zeros((sp, d_n, NR), np.float32)  # q transposed, in panels of NR queries
-        k_t = np.zeros((t4, d_n, 1), np.float32)  # k transposed: a row per key
+        k_p = np.zeros((tp, d_n, NR), np.float32)  # k (D, T) in panels of NR keys: k transposed, as product rows
         v_p = np.zeros((ep, t_n, NR), np.float32)
-        probs = np.empty((sp, t4, NR), np.float32)  # scores, then their exponentials, transposed
+        probs = np.empty((sp, tp * NR, NR), np.float32)  # scores, then their exponentials, transposed
         sums = np.empty(sp * NR, np.float32)  # 1 / each query's sum of exponentials
         res = np.empty((ep, sp * NR, NR), np.float32)
         for g in range(start, stop):
             _gather_panels(q_at, qtl, g, q_t)
-            _gather_rows(k_at, ktl, g, k_t)
+            _gather_panels(k_at, kl, g, k_p)
             _gather_panels(v_at, vl, g, v_p)
-            _product(k_t, False, q_t, probs, d_n)
+            _product(k_p, q_t, probs, d_n)
             for p in range(sp):
                 _softmax_columns(probs, p, t_n, scale, sums)
-            _product(probs, True, v_p, res, t_n)
+            _product(probs, v_p, res, t_n)
             _scatter_rows_scaled(res, sums, ol, g, out_at)
 
 

@@ -151,6 +151,16 @@ if jit.numba is not None:
                 for j in range(cols):
                     dst[j] = edge[r, j]
 
+    @jit.njit(cache=True, nogil=True, inline="always", fastmath={"contract"})
+    def tile_step(acc, a0, a1, a2, a3, panels, p, kk):
+        """One step of K for a tile of four rows: acc[r] += a_r * panel p's row kk."""
+        for j in range(NR):
+            w = panels[p, kk, j]
+            acc[0, j] += a0 * w
+            acc[1, j] += a1 * w
+            acc[2, j] += a2 * w
+            acc[3, j] += a3 * w
+
     @jit.njit(cache=True, nogil=True, fastmath={"contract"})
     def _tiles(a, panels, c, res, bias, has_res, form, lo, hi, start, stop):
         # Task t is a (row block, panel) pair, panels innermost: a block's rows stay in L1 while
@@ -190,13 +200,7 @@ if jit.numba is not None:
                 # a short last block repeats its last row: the same instructions, stores cut to `rows`
                 i1, i2, i3 = i0 + 1, i0 + min(2, rows - 1), i0 + min(3, rows - 1)
                 for kk in range(k):
-                    a0, a1, a2, a3 = a[i0, kk], a[i1, kk], a[i2, kk], a[i3, kk]
-                    for j in range(NR):
-                        w = panels[p, kk, j]
-                        acc[0, j] += a0 * w
-                        acc[1, j] += a1 * w
-                        acc[2, j] += a2 * w
-                        acc[3, j] += a3 * w
+                    tile_step(acc, a[i0, kk], a[i1, kk], a[i2, kk], a[i3, kk], panels, p, kk)
             _finish(acc, edge, rows, cols, c_at, n, i0, j0, form, lo, hi)
             p += 1
             if p == count:
