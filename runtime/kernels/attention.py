@@ -2,8 +2,8 @@
 
 Why: written as ONNX, one attention is a head-split Transpose per operand, two batched MatMuls of
 tiny matrices (a BLAS call per head), a Softmax over a scores tensor in memory and a Transpose
-back: five copies of the activations and hundreds of calls. Here each head's scores live in a
-row buffer, and q, k, v are read where the projections wrote them: the transposes and reshapes
+back: five copies of the activations and hundreds of calls. Here each head's scores stay in a
+small scratch buffer, and q, k, v are read where the projections wrote them: the transposes and reshapes
 that laid them out by head (passes/attention.py folds them into the node) become strides.
 
 An operand arrives as its source array plus the view ops that made it from the source: ("T",
@@ -298,6 +298,10 @@ def fused_attention(spec: KernelSpec) -> Run:
     def layouts_for(srcs: list[np.ndarray], out: np.ndarray) -> tuple[np.ndarray, list[bool]]:
         """The four layouts (q, k, v, result), and which of them need a copy: an operand then
         goes in as a contiguous copy, the result comes out through one."""
+        for x, s, name in zip(srcs, shapes, "qkv"):  # the views keep the size: a wrong one would read past the heads
+            if x.size != int(np.prod(s, dtype=np.int64)):
+                raise ValueError(f"FusedAttention {spec.name}: {name} has shape {list(x.shape)}, expected {int(np.prod(s))} "
+                                 f"elements (the {list(s)} the plan was compiled for)")
         found = [heads_layout(x, vs, s) for x, vs, s in zip(srcs, operand_views, shapes)]
         found.append(output_layout(out, out_views, out_from, logical))
         copies = [lay is None for lay in found]
