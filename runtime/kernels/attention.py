@@ -14,7 +14,6 @@ without a copy (a reshape that splits the minor dims), the operand is copied onc
 from __future__ import annotations
 
 import functools
-import time
 from typing import Any, Sequence
 
 import numpy as np
@@ -291,8 +290,8 @@ def fused_attention(spec: KernelSpec) -> Run:
     logical = q_shape[:-1] + v_shape[-1:]
     heads = int(np.prod(logical[:-2], dtype=np.int64))
     work = heads * q_shape[-2] * k_shape[-1] * (q_shape[-1] + v_shape[-1])  # multiply-adds
-    layouts: dict[tuple[Any, ...], tuple[np.ndarray, list[bool]]] = {}  # per operands' shapes and strides
-    choices: dict[tuple[Any, ...], TeamChoice] = {}
+    # per operands' shapes and strides: the four layouts, which of them copy, the team choice
+    calls: dict[tuple[Any, ...], tuple[np.ndarray, list[bool], TeamChoice]] = {}
     scale_arg = np.array([scale], _F32)
 
     def layouts_for(srcs: list[np.ndarray], out: np.ndarray) -> tuple[np.ndarray, list[bool]]:
@@ -318,22 +317,17 @@ def fused_attention(spec: KernelSpec) -> Run:
             np.copyto(out, apply_views(_reference(qv, kv, vv, scale), out_views))
             return (out,)
         key = tuple((x.shape, x.strides) for x in srcs)
-        found = layouts.get(key)
+        found = calls.get(key)
         if found is None:
-            found = layouts[key] = layouts_for(srcs, out)
-        lays, copies = found
+            found = calls[key] = (*layouts_for(srcs, out), TeamChoice())
+        lays, copies, choice = found
         if any(copies[:3]):
             srcs = [np.ascontiguousarray(apply_views(x, vs)) if c else x for x, vs, c in zip(srcs, operand_views, copies)]
         target = np.empty(logical, _F32) if copies[3] else out
-        choice = omp.choice_for(choices, key)
-        serial = work < MIN_TEAM_WORK or choice.pick()
-        start = time.perf_counter()
-        if serial:
+        if work < MIN_TEAM_WORK:
             _alone(srcs[0], srcs[1], srcs[2], target, lays, scale_arg, heads)
         else:
-            _on_team(srcs[0], srcs[1], srcs[2], target, lays, scale_arg, heads, _team_entry(), omp.TEAM)
-        if work >= MIN_TEAM_WORK:
-            choice.record(serial, time.perf_counter() - start)
+            omp.timed(choice, lambda threads: _on_team(srcs[0], srcs[1], srcs[2], target, lays, scale_arg, heads, _team_entry(), threads))
         if copies[3]:
             np.copyto(out, apply_views(target, out_views))
         return (out,)

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ctypes
 import os
-from typing import Any
+import time
+from typing import Any, Callable
 
 from .native import load_first
 
@@ -104,6 +105,14 @@ class TeamChoice:
 def choice_for(choices: dict[Any, TeamChoice], key: Any) -> TeamChoice:
     """A kernel's TeamChoice for one input shape (`key`), made on that shape's first call."""
     return choices.get(key) or choices.setdefault(key, TeamChoice())
+
+
+def timed(choice: TeamChoice, run: Callable[[int], object]) -> None:
+    """run(team size) on the team `choice` picks (a jitted kernel that starts its own team), timed for it."""
+    serial = choice.pick()
+    start = time.perf_counter()
+    run(1 if serial else TEAM)
+    choice.record(serial, time.perf_counter() - start)
 
 
 class TeamOf:

@@ -21,8 +21,7 @@ layers, the layers' packed panels read through their constant blocks.
 from __future__ import annotations
 
 import functools
-import time
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
@@ -333,7 +332,7 @@ class PackedDense:
             out = res = np.empty(shape, dtype=_F32)
         if m:
             consts = self._packing.consts
-            _timed(self._choices, m, lambda threads: _run(consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, threads))
+            omp.timed(omp.choice_for(self._choices, m), lambda threads: _run(consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, threads))
         return out
 
 
@@ -349,15 +348,6 @@ def _rows(a: np.ndarray, k: int, n: int, name: str) -> tuple[np.ndarray, tuple[i
     if a.ndim == 2 and a.flags.c_contiguous:  # the common case pays no reshapes
         return a, (a.shape[0], n)
     return np.ascontiguousarray(a).reshape(-1, k), a.shape[:-1] + (n,)
-
-
-def _timed(choices: dict[int, TeamChoice], m: int, run: Callable[[int], object]) -> None:
-    """run(team size) on the team TeamChoice picks for m rows, timed for it."""
-    choice = omp.choice_for(choices, m)
-    serial = choice.pick()
-    start = time.perf_counter()
-    run(1 if serial else omp.TEAM)
-    choice.record(serial, time.perf_counter() - start)
 
 
 class _Chained(NamedTuple):
@@ -407,7 +397,7 @@ class PackedChain:
         m = rows.shape[0]
         if m:
             head, width = self._chained.head, self._scratch_width
-            _timed(self._choices, m, lambda threads: _run_chain(head, rows, out.reshape(m, self.n), width, threads))
+            omp.timed(omp.choice_for(self._choices, m), lambda threads: _run_chain(head, rows, out.reshape(m, self.n), width, threads))
         return out
 
 

@@ -11,6 +11,7 @@ MatMuls without broadcasting, and every absorbed value read by the next node alo
 """
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import numpy as np
@@ -77,11 +78,7 @@ def fuse_attention(graph: Graph) -> Graph:
     def matmul(node: Node | None) -> bool:
         return node is not None and node.op == "MatMul" and len(node.inputs) == 2 and not any(i in graph.constants for i in node.inputs)
 
-    def layout(node: Node) -> bool:
-        return _layout_op(graph, node)
-
-    def keeps_rows(node: Node) -> bool:
-        return _keeps_rows(graph, node)
+    layout, keeps_rows = functools.partial(_layout_op, graph), functools.partial(_keeps_rows, graph)
 
     for softmax in [n for n in graph.nodes if n.op == "Softmax"]:
         if not over_last_axis(graph, softmax) or _static(graph, softmax.inputs[0]) is None:
