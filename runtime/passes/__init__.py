@@ -51,4 +51,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "chain_dense_layers", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "fuse_attention", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "chain_dense_layers", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
