@@ -48,8 +48,10 @@ def condition(name: str) -> Iterator[dict[str, str]]:
 
 
 def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path], seconds: float,
-            rounds: int) -> dict[tuple[str, str], float]:
+            rounds: int) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
+    """Per (engine, condition): the median of the rounds' median call times, and of their mean call times."""
     runs: dict[tuple[str, str], list[float]] = {}
+    means: dict[tuple[str, str], list[float]] = {}
     for r in range(rounds):
         for cond in CONDITIONS:
             for engine in engines:
@@ -59,7 +61,9 @@ def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path]
                 with condition(cond) as env:
                     result = bench.spawn(args, env={**env, **variant_env})
                 runs.setdefault((engine, cond), []).append(result["median_s"])
-    return {cell: statistics.median(times) for cell, times in runs.items()}
+                means.setdefault((engine, cond), []).append(result["mean_s"])
+    return ({cell: statistics.median(times) for cell, times in runs.items()},
+            {cell: statistics.median(times) for cell, times in means.items()})
 
 
 def main() -> int:
@@ -80,16 +84,18 @@ def main() -> int:
     for m in a.models:
         paths = (z.package(m), z.savedmodel(m))
         for batch in a.batches:
-            times = measure(m, batch, a.engines, paths, a.seconds, a.rounds)
+            times, means = measure(m, batch, a.engines, paths, a.seconds, a.rounds)
             for e in a.engines:
                 alone = times[(e, "alone")]
                 cells = "".join(f"{times[(e, c)] * 1e3:>10.3f} ms" + (f" {times[(e, c)] / alone:3.1f}x" if c != "alone" else "   ")
                                 for c in CONDITIONS)
                 print(f"{m:<14}{batch:>6}  {e:<12}{cells}")
             for c in CONDITIONS[1:]:
-                slow = ", ".join(f"{e} {times[(e, c)] / times[(e, 'alone')]:.2f}x" for e in a.engines)
+                slow = ", ".join(f"{e} {times[(e, c)] / times[(e, 'alone')]:.2f}x"
+                                 f" ({means[(e, c)] / means[(e, 'alone')]:.2f}x)" for e in a.engines)
                 lines.append(f"slowdown  {m} b{batch} {c}: {slow}")
-    print("\nslowdown = time under the condition / time alone (lower is better):")
+    print("\nslowdown = median call time under the condition / alone (lower is better);"
+          " in brackets the same for the mean call time, which a call's stalls raise:")
     print("\n".join(lines))
     return 0
 

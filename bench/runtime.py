@@ -194,7 +194,7 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
             neighbour()
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
-    return {"source": source, "engine": engine, "model": model, "batch": batch, "median_s": med, "reps": len(times), "items_per_s": batch / med}
+    return {"source": source, "engine": engine, "model": model, "batch": batch, "median_s": med, "mean_s": statistics.fmean(times), "reps": len(times), "items_per_s": batch / med}
 
 
 def bf16_note() -> str:

@@ -629,24 +629,29 @@ def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, ou
 
 if AVAILABLE:
 
-    @njit(cache=True, nogil=True, error_model="numpy")
-    def _scale_blocks(x, g, out, start, stop):
-        # x, out (P, H*W, 8); g (P, 8): one channel block of one image per p. The literal 8 lets
-        # LLVM keep the block in one vector register.
-        for p in range(start, stop):
-            s, xp, yp = g[p], x[p], out[p]
-            for j in range(x.shape[1]):
-                for lane in range(8):
-                    yp[j, lane] = xp[j, lane] * s[lane]
+    def _block_scaler(lanes: int) -> Any:
+        @njit(cache=True, nogil=True, error_model="numpy")
+        def scale(x, g, out, start, stop):
+            # x, out (P, H*W, lanes); g (P, lanes): one channel block of one image per p. A literal
+            # lane count lets LLVM keep the block in one vector register.
+            for p in range(start, stop):
+                s, xp, yp = g[p], x[p], out[p]
+                for j in range(x.shape[1]):
+                    for lane in range(lanes):
+                        yp[j, lane] = xp[j, lane] * s[lane]
+        return scale
+
+    _SCALE_BLOCKS = {lanes: _block_scaler(lanes) for lanes in (8, 16)}
 
 
 def scale_blocked(x: np.ndarray, g: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """out = x * g for blocked activations x (N, C/8, H, W, 8) and per-image channel scales g
-    (N or 1, 1, 1, C): a squeeze-and-excitation gate inside a blocked region (passes/blocked.py)."""
+    """out = x * g for blocked activations x (N, C/B, H, W, B), B 8 or 16, and per-image channel
+    scales g (N or 1, 1, 1, C): a squeeze-and-excitation gate inside a blocked region (passes/blocked.py)."""
     n, cb, h, w, b = x.shape
-    if b != 8 or g.size not in (cb * b, n * cb * b) or out.shape != x.shape or not out.flags.c_contiguous:
-        raise ValueError(f"scale_blocked: expected (N, C/8, H, W, 8) activations and (N, 1, 1, C) scales, got {list(x.shape)} and {list(g.shape)}")
+    if b not in _SCALE_BLOCKS or g.size not in (cb * b, n * cb * b) or out.shape != x.shape or not out.flags.c_contiguous:
+        raise ValueError(f"scale_blocked: expected (N, C/B, H, W, B) activations, B 8 or 16, and (N, 1, 1, C) scales, "
+                         f"got {list(x.shape)} and {list(g.shape)}")
     scales = np.ascontiguousarray(np.broadcast_to(g.reshape(-1, cb * b), (n, cb * b)), dtype=x.dtype).reshape(n * cb, b)
-    run_split(_scale_blocks, (np.ascontiguousarray(x).reshape(n * cb, h * w, b), scales, out.reshape(n * cb, h * w, b)),
+    run_split(_SCALE_BLOCKS[b], (np.ascontiguousarray(x).reshape(n * cb, h * w, b), scales, out.reshape(n * cb, h * w, b)),
               n * cb, x.size // ROW_VECTOR_PASSES)
     return out

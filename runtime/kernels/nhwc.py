@@ -82,11 +82,13 @@ def takes_blocked(spec: KernelSpec) -> bool:
 
 def writes_blocked(spec: KernelSpec) -> bool:
     """Whether a float32 oneDNN convolution outside a blocked region can write its result blocked
-    for the region to read (BLOCKED_RESULT): output channels in whole blocks, no residual."""
+    for the region to read (BLOCKED_RESULT): fewer input channels than a block (an image's, read
+    as NCHW by oneDNN's first-convolution kernels; more fall back to its reference code), output
+    channels in whole blocks, no residual."""
     w = spec.const(1)
     return (spec.op == "FusedConvNHWC" and onednn.AVAILABLE and spec.dtypes[0] == np.float32 and w is not None
             and onednn.conv_applies(spec, w) and spec.attr("group", 1) == 1 and w.shape[0] % onednn.BLOCK == 0
-            and not spec.has(3) and not _on_one_pixel(spec, w))
+            and w.shape[1] < onednn.BLOCK and not spec.has(3) and not _on_one_pixel(spec, w))
 
 
 def blocked_operand(spec: KernelSpec) -> int | None:

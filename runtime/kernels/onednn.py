@@ -37,10 +37,6 @@ _ARG_FROM, _ARG_TO = _ARG_SRC, _ARG_DST
 _ARG_ATTR_SCALES = 4096  # | the argument it scales
 MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call costs more than NumPy's
 _QUERY_IMPL_INFO_STR, _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 8, 136, 255
-# The blocked activation layout (nChw8c): channels in blocks of BLOCK innermost, as (N, C/BLOCK, H,
-# W, BLOCK) arrays. AVX2's direct and depthwise kernels are written for it; at a served batch they
-# beat the NHWC ones, at batch 1 not, so tensors take it only from BLOCKED_MIN_BATCH images up.
-BLOCK = 8
 _PLAIN, _BLOCKED, _NCHW_TO_BLOCKED = range(3)  # a convolution's source -> destination layouts
 BLOCKED_ENV = "KUBETRT_BLOCKED_MIN_BATCH"
 
@@ -145,6 +141,26 @@ _ISA = _lib.dnnl_get_effective_cpu_isa() if _lib is not None else 0
 # Integer dot products without int16 intermediates (VNNI): no saturation for any int8 operands.
 EXACT_INT8 = any(_ISA & bit for bit in _ISA_VNNI)
 BF16 = bool(_ISA & 0x80) or _ISA == 0x1F  # avx512_core_bf16 and its successors, or avx2_vnni_2
+_ISA_AVX512 = 0x20  # dnnl_cpu_isa_t bit of avx512_core, set in all its successors
+BLOCK_ENV = "KUBETRT_CHANNEL_BLOCK"
+
+
+def channel_block(env: Any, isa: int) -> int:
+    """Channels per block of the blocked activation layout: BLOCK_ENV, else the vector width of the
+    instruction set oneDNN runs (16 floats on AVX-512, 8 on AVX2), the one its fastest direct and
+    depthwise kernels are written for; given the other, it runs kernels for the narrower ISA."""
+    text = env.get(BLOCK_ENV, "").strip()
+    if not text:
+        return 16 if isa & _ISA_AVX512 else 8
+    if text not in ("8", "16"):
+        raise ValueError(f"{BLOCK_ENV}={text!r}: expected 8 or 16 channels per block")
+    return int(text)
+
+
+# The blocked activation layout (nChw16c or nChw8c): channels in blocks of BLOCK innermost, as (N,
+# C/BLOCK, H, W, BLOCK) arrays. At a served batch its kernels beat the NHWC ones, at batch 1 not,
+# so tensors take it only from BLOCKED_MIN_BATCH images up.
+BLOCK = channel_block(os.environ, _ISA)
 _ISA_NAMES = {0x7: "avx2", 0xF: "avx2_vnni", 0x1F: "avx2_vnni_2", 0x27: "avx512_core", 0x67: "avx512_core_vnni",
               0xE7: "avx512_core_bf16", 0x1EF: "avx10_1_512", 0xFEF: "avx512_core_amx", 0x1FEF: "avx512_core_amx_fp16"}
 

@@ -1,12 +1,12 @@
 """Regions of oneDNN kernels that pass activations in the blocked layout (kernels/onednn.py).
 
-AVX2's convolution kernels are written for channels in blocks of 8; on NHWC tensors oneDNN runs
-other, slower ones, and a kernel given one layout in and the other out falls back to its
+oneDNN's fastest convolution kernels are written for channels in blocks of the vector width (16 on
+AVX-512, 8 on AVX2: onednn.BLOCK); on NHWC tensors it runs other, slower ones, and a kernel given one layout in and the other out falls back to its
 reference code. So the layout is chosen per region, not per node: connected convolutions and
 pools that all take it (kernels/nhwc.py `takes_blocked`) pass blocked tensors among themselves,
 a ToBlocked reorders each tensor entering the region and a FromBlocked each one leaving it for a
 kernel that reads NHWC; a global pool reads the blocks and leaves for free, and a convolution
-whose input channels do not fill blocks (the stem, on an image's three) writes the blocks the
+with fewer input channels than a block (the stem, on an image's three) writes the blocks the
 region reads instead of a ToBlocked reordering its result. Whether the tensors
 are really blocked is the batch's call at run time (ToBlocked passes small batches through), so
 the rewritten graph serves every batch size. A region pays for its reorders only where it has
@@ -68,8 +68,8 @@ def _regions(graph: Graph) -> tuple[list[list[Node]], set[str]]:
 
 def _writes_blocked_for(graph: Graph, producer: Node | None, v: str, readers: set[str], consumers: dict[str, list[Node]],
                         outputs: set[str]) -> bool:
-    """Whether `producer`, a convolution outside the region (its input channels do not fill
-    blocks), can write v blocked instead of a ToBlocked reordering it: v read by the region (and
+    """Whether `producer`, a convolution outside the region (fewer input channels than a block),
+    can write v blocked instead of a ToBlocked reordering it: v read by the region (and
     its global pools) alone. Marks the producer so."""
     if producer is None or v in outputs or any(c.name not in readers for c in consumers.get(v, [])):
         return False

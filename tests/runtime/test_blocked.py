@@ -3,6 +3,10 @@ BLOCKED_MIN_BATCH images up and NHWC ones below it; every case runs against onnx
 model as written, at a batch on each side of the threshold."""
 from __future__ import annotations
 
+import os
+import re
+import subprocess
+import sys
 from typing import Any
 
 import numpy as np
@@ -17,6 +21,7 @@ pytestmark = pytest.mark.skipif(not onednn.AVAILABLE, reason="oneDNN is a base d
 
 rng = np.random.default_rng(5)
 SMALL, LARGE = 1, onednn.BLOCKED_MIN_BATCH
+BLOCKS = 16 // onednn.BLOCK  # the test nets' 16 channels, in blocks
 
 
 def f32(*shape: int) -> np.ndarray:
@@ -60,8 +65,8 @@ def test_a_region_runs_blocked_from_the_threshold_and_nhwc_below_it() -> None:
     ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
     assert ops.count("ToBlocked") == 1 and "FromBlocked" not in ops, ops  # the global pool leaves the region itself
     large = check(model, LARGE)
-    assert large["ToBlocked"] == (LARGE, 2, 12, 12, onednn.BLOCK)
-    assert large["FusedConvNHWC"] == (LARGE, 2, 6, 6, onednn.BLOCK)  # the last conv of the region
+    assert large["ToBlocked"] == (LARGE, BLOCKS, 12, 12, onednn.BLOCK)
+    assert large["FusedConvNHWC"] == (LARGE, BLOCKS, 6, 6, onednn.BLOCK)  # the last conv of the region
     assert large["GlobalAveragePoolNHWC"] == (LARGE, 1, 1, 16)
     small = check(model, SMALL)
     assert small["ToBlocked"] == (SMALL, 12, 12, 16) and small["FusedConvNHWC"] == (SMALL, 6, 6, 16)
@@ -94,13 +99,34 @@ def test_channels_that_do_not_fill_blocks_stay_nhwc() -> None:
 
 
 def test_reorders_round_trip_exactly_and_name_a_bad_input() -> None:
-    x = f32(3, 5, 7, 24)
+    x = f32(3, 5, 7, 3 * onednn.BLOCK)
     blocked = onednn.Reorder(to_blocked=True)(x)
     assert blocked.shape == (3, 3, 5, 7, onednn.BLOCK)
     np.testing.assert_array_equal(blocked, x.reshape(3, 5, 7, 3, onednn.BLOCK).transpose(0, 3, 1, 2, 4))
     np.testing.assert_array_equal(onednn.Reorder(to_blocked=False)(blocked), x)
-    with pytest.raises(ValueError, match=r"channels in blocks of 8.*shape \[3, 5, 7, 20\]"):
+    with pytest.raises(ValueError, match=rf"channels in blocks of {onednn.BLOCK}.*shape \[3, 5, 7, 20\]"):
         onednn.Reorder(to_blocked=True)(f32(3, 5, 7, 20))
+
+
+def test_the_block_follows_the_instruction_set_unless_set_and_a_bad_value_is_named() -> None:
+    avx2, avx512_core = 0x7, 0x27  # oneDNN's dnnl_cpu_isa_t values
+    assert onednn.channel_block({}, avx2) == 8 and onednn.channel_block({}, avx512_core) == 16
+    assert onednn.channel_block({onednn.BLOCK_ENV: " 8 "}, avx512_core) == 8
+    with pytest.raises(ValueError, match="KUBETRT_CHANNEL_BLOCK='12': expected 8 or 16 channels per block"):
+        onednn.channel_block({onednn.BLOCK_ENV: "12"}, avx2)
+
+
+@pytest.mark.skipif(bool(os.environ.get(onednn.BLOCK_ENV)), reason="this process already runs the other block size")
+def test_the_regions_also_run_in_the_other_block_size() -> None:
+    """This machine's instruction set picks one block size; the other is what a machine with the
+    other picks: the region tests run again in a process that uses it."""
+    other = "8" if onednn.BLOCK == 16 else "16"
+    tests = "region_runs or squeeze_excitation_gate or stem_convolution_writes or read_outside or more_channels"
+    code = ("import sys, pytest\nfrom kubetrt.runtime.kernels import onednn\nprint('block', onednn.BLOCK)\n"
+            f"sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {__file__!r}, '-k', {tests!r}]))")
+    proc = subprocess.run([sys.executable, "-c", code], env={**os.environ, onednn.BLOCK_ENV: other}, capture_output=True, text=True)
+    assert proc.returncode == 0 and f"block {other}\n" in proc.stdout and re.search(r"\b6 passed", proc.stdout), \
+        proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
 @pytest.mark.parametrize(("text", "expected"), [("", 8), ("16", 16), ("1", 1)])
@@ -124,7 +150,7 @@ def test_a_squeeze_excitation_gate_scales_the_blocks_in_the_region() -> None:
     model = make_model(nodes, {"x": f32(1, 16, 12, 12)}, ["y"], consts, dynamic_batch=True)
     ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
     assert ops.count("ToBlocked") == 1 and "FromBlocked" not in ops, ops
-    assert check(model, LARGE)["Mul"] == (LARGE, 2, 12, 12, onednn.BLOCK)
+    assert check(model, LARGE)["Mul"] == (LARGE, BLOCKS, 12, 12, onednn.BLOCK)
     assert check(model, SMALL)["Mul"] == (SMALL, 12, 12, 16)
 
 
@@ -133,24 +159,27 @@ def test_scale_blocked_matches_broadcasting_and_names_bad_shapes() -> None:
 
     if not jit.AVAILABLE:
         pytest.skip("numba is a base dependency; without it Mul never joins a region")
-    x, g = f32(3, 2, 4, 5, 8), f32(3, 1, 1, 16)
-    np.testing.assert_array_equal(jit.scale_blocked(x, g, np.empty_like(x)), x * g.reshape(3, 2, 1, 1, 8))
-    with pytest.raises(ValueError, match=r"scale_blocked: .* got \[3, 2, 4, 5, 8\] and \[3, 1, 1, 24\]"):
+    for b in (8, 16):
+        x, g = f32(3, 2, 4, 5, b), f32(3, 1, 1, 2 * b)
+        np.testing.assert_array_equal(jit.scale_blocked(x, g, np.empty_like(x)), x * g.reshape(3, 2, 1, 1, b))
+    with pytest.raises(ValueError, match=r"scale_blocked: .* got \[3, 2, 4, 5, 16\] and \[3, 1, 1, 24\]"):
         jit.scale_blocked(x, f32(3, 1, 1, 24), np.empty_like(x))
+    with pytest.raises(ValueError, match=r"B 8 or 16.* got \[3, 2, 4, 5, 4\]"):
+        jit.scale_blocked(f32(3, 2, 4, 5, 4), f32(3, 1, 1, 8), np.empty((3, 2, 4, 5, 4), np.float32))
 
 
-def stem_net(stem_read_outside: bool = False, stem_residual: bool = False) -> Any:
+def stem_net(stem_read_outside: bool = False, stem_residual: bool = False, channels: int = 3) -> Any:
     # an image's three channels -> 16: the stem cannot read blocks, but the region after it can
     nodes = [node("Conv", ["img", "w0", "b0"], ["c0"], pads=[1, 1, 1, 1], strides=[2, 2]), node("Relu", ["c0"], ["stem"]),
              node("Conv", ["stem", "w1", "b1"], ["c1"], pads=[1, 1, 1, 1]), node("Relu", ["c1"], ["r1"]),
              node("Conv", ["r1", "w2"], ["c2"]), node("GlobalAveragePool", ["c2"], ["y"])]
     outputs = ["y"] + (["stem"] if stem_read_outside else [])
-    consts = {"w0": f32(16, 3, 3, 3), "b0": f32(16), "w1": f32(16, 16, 3, 3), "b1": f32(16), "w2": f32(16, 16, 1, 1)}
-    return make_model(nodes, {"img": f32(1, 3, 14, 14)}, outputs, consts, dynamic_batch=True)
+    consts = {"w0": f32(16, channels, 3, 3), "b0": f32(16), "w1": f32(16, 16, 3, 3), "b1": f32(16), "w2": f32(16, 16, 1, 1)}
+    return make_model(nodes, {"img": f32(1, channels, 14, 14)}, outputs, consts, dynamic_batch=True)
 
 
-def run_stem(model: Any, batch: int) -> tuple[dict[str, tuple[int, ...]], list[tuple[int, ...]]]:
-    img = f32(batch, 3, 14, 14)
+def run_stem(model: Any, batch: int, channels: int = 3) -> tuple[dict[str, tuple[int, ...]], list[tuple[int, ...]]]:
+    img = f32(batch, channels, 14, 14)
     convs: list[tuple[int, ...]] = []
     seen: dict[str, tuple[int, ...]] = {}
 
@@ -169,7 +198,7 @@ def test_the_stem_convolution_writes_the_regions_blocks_itself() -> None:
     ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
     assert "ToBlocked" not in ops and ops.count("FusedConvNHWC") == 3, ops
     seen, convs = run_stem(model, LARGE)
-    assert convs[0] == (LARGE, 2, 7, 7, onednn.BLOCK) and convs[1] == (LARGE, 2, 7, 7, onednn.BLOCK), convs
+    assert convs[0] == (LARGE, BLOCKS, 7, 7, onednn.BLOCK) and convs[1] == (LARGE, BLOCKS, 7, 7, onednn.BLOCK), convs
     assert seen["GlobalAveragePoolNHWC"] == (LARGE, 1, 1, 16)
     _, convs = run_stem(model, SMALL)
     assert convs[0] == (SMALL, 7, 7, 16), convs  # below the threshold the whole region stays NHWC
@@ -183,8 +212,19 @@ def test_a_stem_whose_result_is_read_outside_the_region_keeps_its_reorder() -> N
     assert convs[0] == (LARGE, 7, 7, 16), convs
 
 
+def test_a_convolution_of_more_channels_than_a_block_keeps_its_reorder() -> None:
+    """Blocks from NHWC input channels that do not fill them are oneDNN's reference code, three orders
+    of magnitude slower than the reorder: only a first convolution (fewer channels than a block) writes them."""
+    channels = onednn.BLOCK + onednn.BLOCK // 2
+    model = stem_net(channels=channels)
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert ops.count("ToBlocked") == 1, ops
+    _, convs = run_stem(model, LARGE, channels)
+    assert convs[0] == (LARGE, 7, 7, 16) and convs[1] == (LARGE, BLOCKS, 7, 7, onednn.BLOCK), convs
+
+
 def test_blocked_out_names_what_it_cannot_do() -> None:
     w = f32(12, 3, 3, 3)
     conv = onednn.Conv2D(w, None, 1, [1, 1], [1, 1], None, residual=False)
-    with pytest.raises(ValueError, match="a blocked result needs output channels in blocks of 8, got 12"):
+    with pytest.raises(ValueError, match=f"a blocked result needs output channels in blocks of {onednn.BLOCK}, got 12"):
         conv(f32(8, 5, 5, 3), 5, 5, [1, 1], [1, 1], blocked_out=True)
