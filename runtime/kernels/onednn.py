@@ -147,8 +147,8 @@ BLOCK_ENV = "KUBETRT_CHANNEL_BLOCK"
 
 def channel_block(env: Any, isa: int) -> int:
     """Channels per block of the blocked activation layout: BLOCK_ENV, else the vector width of the
-    instruction set oneDNN runs (16 floats on AVX-512, 8 on AVX2), the one its fastest direct and
-    depthwise kernels are written for; given the other, it runs kernels for the narrower ISA."""
+    instruction set oneDNN runs (16 floats on AVX-512, 8 on AVX2), the one its direct and depthwise
+    kernels for that set are written for: given blocks of 8 on AVX-512, it runs its AVX2 kernels."""
     text = env.get(BLOCK_ENV, "").strip()
     if not text:
         return 16 if isa & _ISA_AVX512 else 8
@@ -158,8 +158,8 @@ def channel_block(env: Any, isa: int) -> int:
 
 
 # The blocked activation layout (nChw16c or nChw8c): channels in blocks of BLOCK innermost, as (N,
-# C/BLOCK, H, W, BLOCK) arrays. At a served batch its kernels beat the NHWC ones, at batch 1 not,
-# so tensors take it only from BLOCKED_MIN_BATCH images up.
+# C/BLOCK, H, W, BLOCK) arrays. At a served batch its AVX2 kernels beat the NHWC ones (its AVX-512
+# ones are even with them), at batch 1 not, so tensors take it only from BLOCKED_MIN_BATCH images up.
 BLOCK = channel_block(os.environ, _ISA)
 _ISA_NAMES = {0x7: "avx2", 0xF: "avx2_vnni", 0x1F: "avx2_vnni_2", 0x27: "avx512_core", 0x67: "avx512_core_vnni",
               0xE7: "avx512_core_bf16", 0x1EF: "avx10_1_512", 0xFEF: "avx512_core_amx", 0x1FEF: "avx512_core_amx_fp16"}
