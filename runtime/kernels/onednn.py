@@ -594,10 +594,10 @@ class Conv2D(_FusedOp):
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
                  residual: np.ndarray | None = None, overwrite_residual: bool = False, blocked_out: bool = False) -> np.ndarray:
         """y = act(conv(x) + bias [+ residual]) in this convolution's layout, or in the blocked one
-        (see `blocked_shape`) when x is blocked, or with blocked_out, from an NHWC x whose channels
-        do not fill blocks (an image's three): AVX2's kernels read those as NCHW and write blocks
-        (given NHWC they fall back to reference code), so x is transposed first, a third of the
-        traffic of reordering the result. With overwrite_residual the sum lands in the residual's
+        (see `blocked_shape`) when x is blocked, or with blocked_out, from an NHWC x of fewer
+        channels than a block (an image's three): oneDNN's first-convolution kernels read those as
+        NCHW and write blocks (given NHWC they fall back to reference code), so x is transposed
+        first, a third of the traffic of reordering the result. With overwrite_residual the sum lands in the residual's
         own buffer (the executor says when it is dying)."""
         if x.dtype != self.src_dtype:
             raise ValueError(f"Conv {self.name}: expected a 4-D {self.src_dtype} input, got {x.dtype} of shape {x.shape}")

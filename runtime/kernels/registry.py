@@ -23,7 +23,7 @@ from ..errors import UnsupportedOpError
 # Attribute key of a Mul inside a blocked region (passes/blocked.py): the operand that may arrive in
 # the blocked layout, the other being per-channel scales (a colon never appears in ONNX names).
 BLOCKED_OPERAND = "kubetrt:blocked_operand"
-# A FusedConvNHWC marked so, whose input channels do not fill blocks (an image's), writes its
+# A FusedConvNHWC marked so, with fewer input channels than a block (an image's), writes its
 # result in the blocked layout itself, where a ToBlocked would otherwise reorder it (passes/blocked.py).
 BLOCKED_RESULT = "kubetrt:blocked_result"
 # A Transpose marked so returns a view of its input, not a copy: its readers are all matmuls,

@@ -1,16 +1,16 @@
 """Regions of oneDNN kernels that pass activations in the blocked layout (kernels/onednn.py).
 
-oneDNN's fastest convolution kernels are written for channels in blocks of the vector width (16 on
-AVX-512, 8 on AVX2: onednn.BLOCK); on NHWC tensors it runs other, slower ones, and a kernel given one layout in and the other out falls back to its
-reference code. So the layout is chosen per region, not per node: connected convolutions and
-pools that all take it (kernels/nhwc.py `takes_blocked`) pass blocked tensors among themselves,
-a ToBlocked reorders each tensor entering the region and a FromBlocked each one leaving it for a
-kernel that reads NHWC; a global pool reads the blocks and leaves for free, and a convolution
-with fewer input channels than a block (the stem, on an image's three) writes the blocks the
-region reads instead of a ToBlocked reordering its result. Whether the tensors
-are really blocked is the batch's call at run time (ToBlocked passes small batches through), so
-the rewritten graph serves every batch size. A region pays for its reorders only where it has
-convolutions enough to win them back.
+oneDNN's direct and depthwise convolution kernels are written for channels in blocks of the vector
+width (16 on AVX-512, 8 on AVX2: onednn.BLOCK); on NHWC tensors it runs others (on AVX2, slower
+ones), and a kernel given one layout in and the other out falls back to its reference code. So the
+layout is chosen per region, not per node: connected convolutions and pools that all take it
+(kernels/nhwc.py `takes_blocked`) pass blocked tensors among themselves, a ToBlocked reorders each
+tensor entering the region and a FromBlocked each one leaving it for a kernel that reads NHWC; a
+global pool reads the blocks and leaves for free, and a convolution with fewer input channels than a
+block (the stem, on an image's three) writes the blocks the region reads instead of a ToBlocked
+reordering its result. Whether the tensors are really blocked is the batch's call at run time
+(ToBlocked passes small batches through), so the rewritten graph serves every batch size. A region
+pays for its reorders only where it has convolutions enough to win them back.
 """
 from __future__ import annotations
 
