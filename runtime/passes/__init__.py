@@ -8,13 +8,14 @@ from .fusion import fold_scale_into_softmax, fuse
 from .blocked import to_blocked
 from .layout import to_nhwc
 from .siblings import merge_sibling_matmuls
+from .strides import hoist_strides
 from .chains import chain_dense_layers
 from .attention import fuse_attention
 from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views, matmul_operands_as_views
 
-PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "quantization.requantize", "merge_sibling_matmuls",
+PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "hoist_strides", "quantization.requantize", "merge_sibling_matmuls",
             "fold_scale_into_softmax", "to_nhwc",
             "collapse_views", "fuse_attention", "matmul_operands_as_views", "chain_dense_layers", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
@@ -30,7 +31,7 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
         if len(graph.nodes) == before:
             break
     if fusion:
-        toposort(fuse(graph))
+        hoist_strides(toposort(fuse(graph)))
     quantization.requantize(graph)  # also clears what prepare noted for it
     if fusion and layout:  # host kernels: device runtimes keep their matmuls as they are
         merge_sibling_matmuls(graph)
@@ -51,4 +52,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "merge_sibling_matmuls", "chain_dense_layers", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "hoist_strides", "merge_sibling_matmuls", "chain_dense_layers", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

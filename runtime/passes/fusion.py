@@ -109,29 +109,66 @@ def fold_affine_into_conv(graph: Graph) -> bool:
     return False
 
 
+def _zero_spatial_pads(graph: Graph, pad: Node) -> list[int] | None:
+    """[top, left, bottom, right] of a Pad that adds zeros on an NCHW tensor's spatial dims only."""
+    if pad.op != "Pad" or pad.attrs.get("mode", "constant") != "constant":
+        return None
+    pads = _const(graph, pad.inputs[1]) if len(pad.inputs) > 1 else np.asarray(pad.attrs.get("pads"))
+    value = _const(graph, pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else np.zeros(())
+    if pads is None or value is None or np.any(value != 0) or (len(pad.inputs) > 3 and pad.inputs[3]):
+        return None
+    p = [int(v) for v in pads.reshape(-1)]
+    if len(p) != 8 or any(v < 0 for v in p) or p[0] or p[1] or p[4] or p[5]:
+        return None
+    return [p[2], p[3], p[6], p[7]]
+
+
+def _explicit_pads(node: Node) -> list[int]:
+    return [0, 0, 0, 0] if node.attrs.get("auto_pad") == "VALID" else list(node.attrs.get("pads") or [0, 0, 0, 0])
+
+
 def fold_pad_into_conv(graph: Graph) -> bool:
     """Explicit zero Pad on the spatial dims before a Conv becomes the Conv's own padding."""
     idx = ConsumerIndex(graph)
     for pad in list(graph.nodes):
-        if pad.op != "Pad" or pad.attrs.get("mode", "constant") != "constant":
-            continue
-        conv = idx.sole_user(pad.outputs[0])
-        if conv is None or conv.op not in ("Conv", "FusedConv") or conv.inputs[0] != pad.outputs[0]:
+        p = _zero_spatial_pads(graph, pad)
+        conv = None if p is None else idx.sole_user(pad.outputs[0])
+        if p is None or conv is None or conv.op not in ("Conv", "FusedConv") or conv.inputs[0] != pad.outputs[0]:
             continue
         if conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             continue
-        pads = _const(graph, pad.inputs[1]) if len(pad.inputs) > 1 else np.asarray(pad.attrs.get("pads"))
-        value = _const(graph, pad.inputs[2]) if len(pad.inputs) > 2 and pad.inputs[2] else np.zeros(())
-        if pads is None or value is None or np.any(value != 0) or (len(pad.inputs) > 3 and pad.inputs[3]):
-            continue
-        p = [int(v) for v in pads.reshape(-1)]
-        if len(p) != 8 or any(v < 0 for v in p) or p[0] or p[1] or p[4] or p[5]:
-            continue
-        old = conv.attrs.get("pads") or [0, 0, 0, 0]
-        if conv.attrs.get("auto_pad") == "VALID":
-            old = [0, 0, 0, 0]
-        conv.attrs = {**conv.attrs, "auto_pad": "NOTSET", "pads": [old[0] + p[2], old[1] + p[3], old[2] + p[6], old[3] + p[7]]}
+        conv.attrs = {**conv.attrs, "auto_pad": "NOTSET", "pads": [a + b for a, b in zip(_explicit_pads(conv), p)]}
         conv.inputs = [pad.inputs[0]] + conv.inputs[1:]
+        graph.nodes.remove(pad)
+        return True
+    return False
+
+
+def _non_negative(graph: Graph, value: str) -> bool:
+    """Whether `value` is a fused ReLU's (or ReLU6's) output."""
+    producer = graph.producers().get(value)
+    act = None if producer is None else producer.attrs.get("activation")
+    return act is not None and (act[0] == "Relu" or (act[0] == "Clip" and act[1].get("min", -1.0) >= 0.0))
+
+
+def fold_pad_into_max_pool(graph: Graph) -> bool:
+    """Zero Pad before a MaxPool, on a ReLU's output, becomes the pool's own padding: a max pool's
+    padding never wins, and neither does a zero beside values that are all at least zero (ResNet's
+    stem). One pass over the stem's output fewer, and the pool reads the convolution's layout."""
+    idx = ConsumerIndex(graph)
+    for pad in list(graph.nodes):
+        p = _zero_spatial_pads(graph, pad)
+        pool = None if p is None else idx.sole_user(pad.outputs[0])
+        if p is None or pool is None or pool.op != "MaxPool" or len(pool.outputs) != 1 or pool.attrs.get("ceil_mode", 0) \
+                or pool.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or any(d != 1 for d in pool.attrs.get("dilations") or ()) \
+                or not _non_negative(graph, pad.inputs[0]):
+            continue
+        pads = [a + b for a, b in zip(_explicit_pads(pool), p)]
+        kernel = list(pool.attrs.get("kernel_shape") or ())
+        if len(kernel) != 2 or any(v >= kernel[i % 2] for i, v in enumerate(pads)):  # a window of padding alone would give 0, not -inf
+            continue
+        pool.attrs = {**pool.attrs, "auto_pad": "NOTSET", "pads": pads}
+        pool.inputs = [pad.inputs[0]]
         graph.nodes.remove(pad)
         return True
     return False
@@ -314,7 +351,7 @@ def fuse(graph: Graph) -> Graph:
     from .recompose import recompose_gelu, recompose_layer_norm
 
     for rewrite in (recompose_gelu, recompose_layer_norm, fold_pad_into_conv, fold_affine_into_conv, fuse_silu,
-                    sink_reshape_below_activation, fuse_epilogues, fuse_residual_through_reshape):
+                    sink_reshape_below_activation, fuse_epilogues, fuse_residual_through_reshape, fold_pad_into_max_pool):
         while rewrite(graph):
             pass
     return graph

@@ -65,6 +65,32 @@ def test_zero_pad_folds_into_conv_padding() -> None:
     assert_same_as_ort(model, feeds)
 
 
+def stem(activation: str | None) -> tuple[list, dict[str, np.ndarray]]:  # type: ignore[type-arg]
+    """ResNet's stem tail: convolution, activation, one pixel of zeros, 3x3 max pool of stride 2."""
+    nodes = [node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1])]
+    if activation is not None:
+        nodes.append(node(activation, ["c"], ["a"]))
+    nodes += [node("Pad", ["a" if activation else "c", "p"], ["cp"]), node("MaxPool", ["cp"], ["y"], kernel_shape=[3, 3], strides=[2, 2])]
+    return nodes, {"w": f32(16, 3, 3, 3), "p": np.array([0, 0, 1, 1, 0, 0, 1, 1], np.int64)}
+
+
+def test_zero_pad_after_a_relu_folds_into_the_max_pool() -> None:
+    nodes, consts = stem("Relu")
+    feeds = {"x": f32(2, 3, 11, 11)}
+    model = make_model(nodes, feeds, ["y"], consts)
+    assert "Pad" not in [k.op for k in compiled(model).kernels]
+    assert_same_as_ort(model, feeds)
+
+
+def test_zero_pad_before_a_max_pool_of_signed_values_stays() -> None:
+    # zeros beside negative values win the border windows: folding would change those outputs
+    nodes, consts = stem(None)
+    feeds = {"x": f32(2, 3, 11, 11) - 3.0}
+    model = make_model(nodes, feeds, ["y"], consts)
+    assert "Pad" in [k.op for k in compiled(model).kernels]
+    assert_same_as_ort(model, feeds)
+
+
 def test_residual_add_and_activation_fuse_into_conv() -> None:
     nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Add", ["c", "x"], ["a"]), node("Relu", ["a"], ["y"])]
     consts = {"w": f32(3, 3, 3, 3), "b": f32(3)}
