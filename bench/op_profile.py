@@ -7,7 +7,7 @@ the same way), each in its own subprocess so one runtime's thread pools never sl
 kubetrt: every step of the host plan is wrapped in a timer, by the kernel's op (fused kernels
 keep their fused names); onnxruntime: `enable_profiling`, node events summed per op type;
 OpenVINO: `PERF_COUNT`, per-layer real time by node type, with the implementation it chose
-(exec_type) for its top layers.
+(exec_type) for its top layers, and kubetrt's top kernels beside them.
 
 Per runtime: the plain run time (median, no profiler), the profiled run time and the op times' sum
 (both means over the same R runs, after warm-up); the gap between the last two is the runtime's
@@ -71,7 +71,7 @@ def per_op(events: list[tuple[str, float, int]], runs: int) -> dict[str, dict[st
     return dict(ops)
 
 
-def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
+def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int, top: int) -> dict[str, Any]:
     from kubetrt.runtime.devices.host import RUNTIME
     from kubetrt.runtime.executor import SequentialPlan
     from kubetrt.runtime.onnx_import import load_onnx
@@ -104,8 +104,12 @@ def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int) -> dic
     profiled = wall_ms(lambda: plan.run(args), runs, warmup=0)
     kernels = plan.prog.kernels
     events = [(k.op, spent[k.id] * 1e3, runs) for k in kernels]
+    values = plan.prog.values
+    ranked = sorted(kernels, key=lambda k: -spent[k.id])[:top]
+    layers = [{"name": k.name, "type": k.op, "ms": spent[k.id] * 1e3 / runs,
+               "exec": "x".join(str(d) for d in values[k.outputs[0]].shape or ()) if k.outputs else ""} for k in ranked]
     return {"plain_ms": statistics.median(plain), "profiled_ms": statistics.fmean(profiled),
-            "ops": per_op(events, runs), "steps": len(kernels)}
+            "ops": per_op(events, runs), "steps": len(kernels), "layers": layers}
 
 
 def profile_onnxruntime(model: Path, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
@@ -164,7 +168,7 @@ def worker(runtime: str, package: Path, batch: int, runs: int, top: int) -> dict
     feeds = _bench_runtime().feeds_for(package, batch)
     model = package / "model.onnx"
     if runtime == "kubetrt":
-        return profile_kubetrt(model, feeds, runs)
+        return profile_kubetrt(model, feeds, runs, top)
     if runtime == "onnxruntime":
         return profile_onnxruntime(model, feeds, runs)
     if runtime == "openvino":
@@ -206,8 +210,8 @@ def report(runtime: str, p: dict[str, Any], top: int) -> list[str]:
     if len(ops) > top:
         rest = sum(v["ms"] for _, v in ops[top:])
         lines.append(f"  {f'({len(ops) - top} more op types)':<28}{rest:>9.3f}")
-    if impl and p.get("layers"):
-        lines.append("  top layers (exec_type = the kernel OpenVINO chose):")
+    if p.get("layers"):
+        lines.append("  top layers (exec_type = the kernel OpenVINO chose):" if impl else "  top kernels (with the shape they write, as planned):")
         for layer in p["layers"]:
             name = layer["name"].replace("StatefulPartitionedCall/", "")  # tf2onnx's scope on every node
             name = name if len(name) <= 60 else "..." + name[-57:]
@@ -220,7 +224,7 @@ def main() -> int:
     p.add_argument("model", help="a zoo model (tests/model_zoo.py), e.g. small_cnn, resnet50")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--runs", type=int, default=20, help="profiled runs per runtime, after warm-up")
-    p.add_argument("--top", type=int, default=10, help="op types (and OpenVINO layers) shown per runtime")
+    p.add_argument("--top", type=int, default=10, help="op types and layers (kernels) shown per runtime")
     p.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=RUNTIMES)
     p.add_argument("--worker", nargs=2, metavar=("RUNTIME", "PACKAGE"), help=argparse.SUPPRESS)
     a = p.parse_args()
