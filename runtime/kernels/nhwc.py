@@ -60,7 +60,7 @@ def _on_one_pixel(spec: KernelSpec, w: np.ndarray) -> bool:
     return spec.attr("group", 1) == 1 and w.shape[2:] == (1, 1) and xs is not None and len(xs) == 4 and tuple(xs[1:3]) == (1, 1)
 
 
-BLOCKED_OPS = frozenset({"FusedConvNHWC", "MaxPoolNHWC", "AveragePoolNHWC"})  # blocked in, blocked out
+BLOCKED_OPS = frozenset({"FusedConvNHWC", "MaxPoolNHWC", "AveragePoolNHWC", "SqueezeExciteNHWC"})  # blocked in, blocked out
 BLOCKED_SINKS = frozenset({"GlobalAveragePoolNHWC", "GlobalMaxPoolNHWC"})  # blocked in, NHWC out
 
 

@@ -1,0 +1,217 @@
+"""Squeeze-and-excitation in one kernel: the channel means of x, two small dense layers on them
+(the gate), and x scaled by the gate, per image (passes/squeeze_excite.py makes the node).
+
+Unfused, a block is four steps (a global pool, two 1x1 convolutions on one pixel, a multiply),
+three of them a few microseconds of arithmetic each, and each step after a big convolution finds
+the caches cold. Here a few images in NHWC are one call of the OpenMP team: each member sums its
+rows of every image, waits for the others, computes the gate itself (small) and scales the same
+rows, still in its cache. Blocked tensors (a batch from onednn.BLOCKED_MIN_BATCH up) take the
+pool, GEMMs and the blocked scale, where the dense layers are real GEMMs.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from . import activations, jit, omp, onednn, sgemm
+from .omp import TeamChoice
+from .registry import KernelSpec, Run, register, same_as_input
+
+# The gate's activations as the team kernel computes them (what squeeze-and-excitation blocks
+# use), by activation op; a block with another keeps its unfused nodes.
+NONE, CLAMP, SILU, SIGMOID, HARD_SIGMOID = range(5)
+ACTIVATIONS = ("Relu", "Clip", "Silu", "Sigmoid", "HardSigmoid")
+
+
+def gate_form(act: activations.Act | None) -> tuple[int, float, float] | None:
+    """(form, a, b) of a dense layer's activation for the team kernel; None where it has no form."""
+    parsed = activations.parse(act)
+    if parsed is None:
+        return (NONE, 0.0, 0.0)
+    entry, p = parsed
+    if entry.op == "Relu":
+        return (CLAMP, 0.0, np.inf)
+    if entry.op == "Clip" and entry.scalar is not None:
+        scalar = entry.scalar(p)
+        return None if scalar is None else (CLAMP, scalar[1], scalar[2])
+    if entry.op == "HardSigmoid":
+        return (HARD_SIGMOID, float(p["alpha"]), float(p["beta"]))
+    return {"Silu": (SILU, 0.0, 0.0), "Sigmoid": (SIGMOID, 0.0, 0.0)}.get(entry.op)
+
+
+# The team's parameter block (int64): addresses, sizes, forms; bounds is a float32 (4,) array.
+_X, _OUT, _N, _HW, _C, _CR, _W1, _B1, _W2, _B2, _FORM1, _FORM2, _BOUNDS, _SCRATCH, _THREAD_NUM, _NUM_THREADS, _BARRIER, _SIZE = range(18)
+_PARALLEL, _MEMBER = _SIZE, _SIZE + 1  # after the block, where only _run reads them: the team's entry points
+
+if jit.AVAILABLE and omp.PARALLEL:
+    from numba import carray
+
+    # In place, one compiled loop per form: exp is jit.expf, so each loop vectorizes (branching on
+    # the form inside one function kept LLVM from vectorizing the exp loops).
+    @jit.njit(cache=True, nogil=True, error_model="numpy")
+    def _silu(v):
+        for i in range(v.size):
+            v[i] = v[i] / (np.float32(1) + jit.expf(-v[i]))
+
+    @jit.njit(cache=True, nogil=True, error_model="numpy")
+    def _sigmoid(v):
+        for i in range(v.size):
+            v[i] = np.float32(1) / (np.float32(1) + jit.expf(-v[i]))
+
+    @jit.njit(cache=True, nogil=True, error_model="numpy")
+    def _affine_clamp(v, scale, shift, lo, hi):
+        for i in range(v.size):
+            v[i] = min(max(scale * v[i] + shift, lo), hi)
+
+    @jit.njit(cache=True, nogil=True)
+    def _activate(v, form, a, b):
+        if form == CLAMP:
+            _affine_clamp(v, np.float32(1), np.float32(0), a, b)
+        elif form == SILU:
+            _silu(v)
+        elif form == SIGMOID:
+            _sigmoid(v)
+        elif form == HARD_SIGMOID:
+            _affine_clamp(v, a, b, np.float32(0), np.float32(1))
+
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _share(q, team, me):
+        n, hw, c, cr = q[_N], q[_HW], q[_C], q[_CR]
+        x = carray(sgemm.float32s_at(q[_X]), (n, hw, c))
+        out = carray(sgemm.float32s_at(q[_OUT]), (n, hw, c))
+        sums = carray(sgemm.float32s_at(q[_SCRATCH]), (team, n, c))
+        mine = carray(sgemm.float32s_at(q[_SCRATCH] + 4 * team * n * c + 4 * me * (c + cr)), (c + cr,))
+        w1 = carray(sgemm.float32s_at(q[_W1]), (cr, c))
+        b1 = carray(sgemm.float32s_at(q[_B1]), (cr,))
+        w2 = carray(sgemm.float32s_at(q[_W2]), (c, cr))
+        b2 = carray(sgemm.float32s_at(q[_B2]), (c,))
+        bounds = carray(sgemm.float32s_at(q[_BOUNDS]), (4,))
+        lo, hi = hw * me // team, hw * (me + 1) // team
+        for i in range(n):  # squeeze: this member's rows of each image
+            acc = sums[me, i]
+            acc[:] = 0
+            for r in range(lo, hi):
+                row = x[i, r]
+                for ch in range(c):
+                    acc[ch] += row[ch]
+        jit.c_call0(q[_BARRIER])
+        means, hidden = mine[:c], mine[c:]
+        inv = np.float32(1.0 / hw)
+        for i in range(n):  # excite: every member computes the whole gate, then scales its rows
+            for ch in range(c):
+                total = np.float32(0)
+                for t in range(team):
+                    total += sums[t, i, ch]
+                means[ch] = total * inv
+            for j in range(cr):  # dot products: reductions vectorize where scattered updates do not
+                v = b1[j]
+                wj = w1[j]
+                for ch in range(c):
+                    v += means[ch] * wj[ch]
+                hidden[j] = v
+            _activate(hidden, q[_FORM1], bounds[0], bounds[1])
+            gate = means  # each mean is read before its channel's gate is written below
+            for ch in range(c):
+                v = b2[ch]
+                wc = w2[ch]
+                for j in range(cr):
+                    v += hidden[j] * wc[j]
+                gate[ch] = v
+            _activate(gate, q[_FORM2], bounds[2], bounds[3])
+            for r in range(lo, hi):
+                row, orow = x[i, r], out[i, r]
+                for ch in range(c):
+                    orow[ch] = row[ch] * gate[ch]
+
+    def _member(data):  # compiled into a C callable by sgemm.entry_address
+        q = carray(sgemm.int64s_at(data), (_SIZE,))
+        _share(q, jit.c_call0(q[_NUM_THREADS]), jit.c_call0(q[_THREAD_NUM]))
+
+    @jit.njit(cache=True, nogil=True)
+    def _run(consts, x, out, threads):
+        q = consts.copy()
+        n, hw, c = x.shape
+        scratch = np.empty(threads * (n * c + c + q[_CR]), np.float32)
+        q[_X], q[_OUT], q[_N], q[_HW], q[_SCRATCH] = x.ctypes.data, out.ctypes.data, n, hw, scratch.ctypes.data
+        jit.c_call4(q[_PARALLEL], q[_MEMBER], q.ctypes.data, threads, 0)
+        return scratch.shape[0]  # a use after the team's: the scratch lives until the team is done
+
+
+class SqueezeExcite:
+    """y = x * act2(act1(mean_hw(x) @ w1.T + b1) @ w2.T + b2) per image, for float32 x in NHWC or
+    blocked: w1 (Cr, C) and w2 (C, Cr), the two 1x1 convolutions' weights."""
+
+    def __init__(self, w1: np.ndarray, b1: np.ndarray | None, act1: activations.Act | None,
+                 w2: np.ndarray, b2: np.ndarray | None, act2: activations.Act | None, name: str) -> None:
+        self.cr, self.c = w1.shape
+        self.name = name
+        self.w1, self.w2 = np.ascontiguousarray(w1, np.float32), np.ascontiguousarray(w2, np.float32)
+        self.b1 = np.zeros(self.cr, np.float32) if b1 is None else np.ascontiguousarray(b1, np.float32)
+        self.b2 = np.zeros(self.c, np.float32) if b2 is None else np.ascontiguousarray(b2, np.float32)
+        self.act1, self.act2 = activations.epilogue(np, act1, False), activations.epilogue(np, act2, False)
+        forms = gate_form(act1), gate_form(act2)
+        self.team_consts: np.ndarray | None = None
+        if jit.AVAILABLE and omp.PARALLEL and forms[0] is not None and forms[1] is not None:
+            self.bounds = np.array([forms[0][1], forms[0][2], forms[1][1], forms[1][2]], np.float32)
+            q = np.zeros(_SIZE + 2, np.int64)
+            q[[_C, _CR, _W1, _B1, _W2, _B2, _FORM1, _FORM2, _BOUNDS]] = [
+                self.c, self.cr, self.w1.ctypes.data, self.b1.ctypes.data, self.w2.ctypes.data, self.b2.ctypes.data,
+                forms[0][0], forms[1][0], self.bounds.ctypes.data]
+            q[[_THREAD_NUM, _NUM_THREADS, _BARRIER, _PARALLEL, _MEMBER]] = [
+                omp.THREAD_NUM, omp.NUM_THREADS, omp.BARRIER, omp.PARALLEL, sgemm.entry_address(_member)]
+            self.team_consts = q
+        self._choices: dict[tuple[int, ...], TeamChoice] = {}
+        self._pool = onednn.Pool2D("pooling_avg_exclude_padding", (), [1, 1], [1, 1], name) if onednn.AVAILABLE else None
+
+    def gate(self, means: np.ndarray) -> np.ndarray:
+        """(N, C) channel means -> (N, C) gate, on NumPy."""
+        hidden = means @ self.w1.T + self.b1
+        if self.act1 is not None:
+            self.act1(hidden, hidden)
+        g = hidden @ self.w2.T + self.b2
+        if self.act2 is not None:
+            self.act2(g, g)
+        return g.astype(np.float32, copy=False)
+
+    def __call__(self, x: np.ndarray, overwrite: bool = False) -> np.ndarray:
+        if x.dtype != np.float32:
+            raise ValueError(f"SqueezeExcite {self.name}: expected a float32 input, got {x.dtype}")
+        c = x.shape[-1] * (x.shape[1] if x.ndim == 5 else 1)
+        if c != self.c:
+            raise ValueError(f"SqueezeExcite {self.name}: input has {c} channels, the gate's weights expect {self.c}")
+        out = x if overwrite and x.flags.writeable and x.flags.c_contiguous else np.empty(x.shape, np.float32)
+        if x.ndim == 5:  # blocked: the pool reads the blocks, the dense layers are GEMMs over the batch
+            n = x.shape[0]
+            means = self._pool(x, 1, 1, [0, 0], [0, 0]).reshape(n, c) if self._pool is not None \
+                else x.mean(axis=(2, 3)).reshape(n, c)
+            return jit.scale_blocked(x, self.gate(means).reshape(n, 1, 1, c), out)
+        n, h, w, _ = x.shape
+        consts = self.team_consts
+        if consts is None:
+            g = self.gate(x.reshape(n, h * w, c).mean(axis=1, dtype=np.float32))
+            np.multiply(x, g.reshape(n, 1, 1, c), out=out)
+            return out
+        rows = np.ascontiguousarray(x).reshape(n, h * w, c)
+        omp.timed(omp.choice_for(self._choices, x.shape), lambda threads: _run(consts, rows, out.reshape(n, h * w, c), threads))
+        return out
+
+
+def _weights(spec: KernelSpec) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:
+    w1, b1, w2, b2 = (spec.const(i) for i in range(1, 5))
+    if w1 is None or w2 is None:
+        raise ValueError(f"SqueezeExcite {spec.name}: the gate's weights must be constants")
+    return w1, b1, w2, b2
+
+
+@register("SqueezeExciteNHWC", same_as_input)
+def squeeze_excite(spec: KernelSpec) -> Run:
+    w1, b1, w2, b2 = _weights(spec)
+    act1, act2 = spec.attrs.get("activations") or (None, None)
+    se = SqueezeExcite(w1, b1, act1, w2, b2, act2, spec.name)
+    overwrite = 0 in spec.inplace
+
+    def run(x: np.ndarray, *_consts: Any) -> tuple[np.ndarray, ...]:
+        return (se(x, overwrite),)
+
+    return run
