@@ -76,6 +76,16 @@ if jit.AVAILABLE and omp.PARALLEL:
             _affine_clamp(v, a, b, np.float32(0), np.float32(1))
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _dense(src, w, b, dst):
+        # dst = w @ src + b as dot products: reductions vectorize where scattered updates do not
+        for j in range(dst.size):
+            v = b[j]
+            wj = w[j]
+            for k in range(src.size):
+                v += src[k] * wj[k]
+            dst[j] = v
+
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _share(q, team, me):
         n, hw, c, cr = q[_N], q[_HW], q[_C], q[_CR]
         x = carray(sgemm.float32s_at(q[_X]), (n, hw, c))
@@ -104,20 +114,10 @@ if jit.AVAILABLE and omp.PARALLEL:
                 for t in range(team):
                     total += sums[t, i, ch]
                 means[ch] = total * inv
-            for j in range(cr):  # dot products: reductions vectorize where scattered updates do not
-                v = b1[j]
-                wj = w1[j]
-                for ch in range(c):
-                    v += means[ch] * wj[ch]
-                hidden[j] = v
+            _dense(means, w1, b1, hidden)
             _activate(hidden, q[_FORM1], bounds[0], bounds[1])
-            gate = means  # each mean is read before its channel's gate is written below
-            for ch in range(c):
-                v = b2[ch]
-                wc = w2[ch]
-                for j in range(cr):
-                    v += hidden[j] * wc[j]
-                gate[ch] = v
+            gate = means  # the means are spent once the hidden layer holds them
+            _dense(hidden, w2, b2, gate)
             _activate(gate, q[_FORM2], bounds[2], bounds[3])
             for r in range(lo, hi):
                 row, orow = x[i, r], out[i, r]
