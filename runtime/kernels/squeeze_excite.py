@@ -21,7 +21,6 @@ from .registry import KernelSpec, Run, register, same_as_input
 # The gate's activations as the team kernel computes them (what squeeze-and-excitation blocks
 # use), by activation op; a block with another keeps its unfused nodes.
 NONE, CLAMP, SILU, SIGMOID, HARD_SIGMOID = range(5)
-ACTIVATIONS = ("Relu", "Clip", "Silu", "Sigmoid", "HardSigmoid")
 
 
 def gate_form(act: activations.Act | None) -> tuple[int, float, float] | None:
@@ -183,8 +182,8 @@ class SqueezeExcite:
         out = x if overwrite and x.flags.writeable and x.flags.c_contiguous else np.empty(x.shape, np.float32)
         if x.ndim == 5:  # blocked: the pool reads the blocks, the dense layers are GEMMs over the batch
             n = x.shape[0]
-            means = self._pool(x, 1, 1, [0, 0], [0, 0]).reshape(n, c) if self._pool is not None \
-                else x.mean(axis=(2, 3)).reshape(n, c)
+            assert self._pool is not None, "blocked tensors exist only where oneDNN runs"
+            means = self._pool(x, 1, 1, [0, 0], [0, 0]).reshape(n, c)
             return jit.scale_blocked(x, self.gate(means).reshape(n, 1, 1, c), out)
         n, h, w, _ = x.shape
         consts = self.team_consts

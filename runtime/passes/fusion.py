@@ -123,7 +123,8 @@ def _zero_spatial_pads(graph: Graph, pad: Node) -> list[int] | None:
     return [p[2], p[3], p[6], p[7]]
 
 
-def _explicit_pads(node: Node) -> list[int]:
+def explicit_pads(node: Node) -> list[int]:
+    """A convolution's or pool's [top, left, bottom, right] padding where auto_pad is NOTSET or VALID."""
     return [0, 0, 0, 0] if node.attrs.get("auto_pad") == "VALID" else list(node.attrs.get("pads") or [0, 0, 0, 0])
 
 
@@ -137,7 +138,7 @@ def fold_pad_into_conv(graph: Graph) -> bool:
             continue
         if conv.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID"):
             continue
-        conv.attrs = {**conv.attrs, "auto_pad": "NOTSET", "pads": [a + b for a, b in zip(_explicit_pads(conv), p)]}
+        conv.attrs = {**conv.attrs, "auto_pad": "NOTSET", "pads": [a + b for a, b in zip(explicit_pads(conv), p)]}
         conv.inputs = [pad.inputs[0]] + conv.inputs[1:]
         graph.nodes.remove(pad)
         return True
@@ -163,7 +164,7 @@ def fold_pad_into_max_pool(graph: Graph) -> bool:
                 or pool.attrs.get("auto_pad", "NOTSET") not in ("NOTSET", "VALID") or any(d != 1 for d in pool.attrs.get("dilations") or ()) \
                 or not _non_negative(graph, pad.inputs[0]):
             continue
-        pads = [a + b for a, b in zip(_explicit_pads(pool), p)]
+        pads = [a + b for a, b in zip(explicit_pads(pool), p)]
         kernel = list(pool.attrs.get("kernel_shape") or ())
         if len(kernel) != 2 or any(v >= kernel[i % 2] for i, v in enumerate(pads)):  # a window of padding alone would give 0, not -inf
             continue

@@ -32,35 +32,47 @@ def _dense(graph: Graph, node: Node | None, channels_in: int) -> tuple[np.ndarra
     return np.ascontiguousarray(w[:, :, 0, 0]), bias
 
 
+Dense = tuple[np.ndarray, np.ndarray | None]
+
+
+def _block(graph: Graph, pool: Node, users: dict[str, list[Node]], outputs: set[str]) -> tuple[list[Node], Dense, Dense] | None:
+    """The block that starts at a global pool: its nodes (pool, the two convolutions, the Mul)
+    and the convolutions' weights; None where the pattern does not hold."""
+    def sole_reader(node: Node) -> Node | None:
+        readers = users.get(node.outputs[0], [])
+        return readers[0] if len(readers) == 1 and node.outputs[0] not in outputs else None
+
+    info = graph.values.get(pool.inputs[0])
+    if info is None or info.dtype != np.float32 or info.shape is None or len(info.shape) != 4 or info.shape[3] <= 0:
+        return None
+    c = info.shape[3]
+    squeeze = sole_reader(pool)
+    first = _dense(graph, squeeze, c)
+    if squeeze is None or first is None:
+        return None
+    excite = sole_reader(squeeze)
+    second = _dense(graph, excite, first[0].shape[0])
+    if excite is None or second is None or second[0].shape[0] != c:
+        return None
+    mul = sole_reader(excite)
+    if mul is None or mul.op != "Mul" or sorted(mul.inputs) != sorted([pool.inputs[0], excite.outputs[0]]):
+        return None
+    return [pool, squeeze, excite, mul], first, second
+
+
 def fuse_squeeze_excite(graph: Graph) -> Graph:
     users, outputs = graph.consumers(), graph.output_names()
-
-    def sole_reader(value: str) -> Node | None:
-        readers = users.get(value, [])
-        return readers[0] if len(readers) == 1 and value not in outputs else None
-
     taken = graph.value_names()
-    for pool in list(graph.nodes):
-        if pool.op != "GlobalAveragePoolNHWC":
+    for pool in [n for n in graph.nodes if n.op == "GlobalAveragePoolNHWC"]:
+        found = _block(graph, pool, users, outputs)
+        if found is None:
             continue
-        x = pool.inputs[0]
-        info = graph.values.get(x)
-        if info is None or info.dtype != np.float32 or info.shape is None or len(info.shape) != 4 or info.shape[3] <= 0:
-            continue
-        c = info.shape[3]
-        squeeze = sole_reader(pool.outputs[0])
-        first = _dense(graph, squeeze, c)
-        excite = None if squeeze is None or first is None else sole_reader(squeeze.outputs[0])
-        second = None if excite is None or first is None else _dense(graph, excite, first[0].shape[0])
-        mul = None if excite is None or second is None or second[0].shape[0] != c else sole_reader(excite.outputs[0])
-        if mul is None or mul.op != "Mul" or sorted(mul.inputs) != sorted([x, excite.outputs[0]]):  # type: ignore[union-attr]
-            continue
-        assert squeeze is not None and excite is not None and first is not None and second is not None
+        (_, squeeze, excite, mul), first, second = found
         names = [unique_name(f"{mul.name}/squeeze_excite_{k}", taken) for k in ("w1", "b1", "w2", "b2")]
-        graph.constants[names[0]], graph.constants[names[2]] = first[0], second[0]
-        for name, bias, width in ((names[1], first[1], first[0].shape[0]), (names[3], second[1], c)):
-            graph.constants[name] = np.zeros(width, np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
-        fused = Node(OP, unique_name(f"{mul.name}/squeeze_excite", taken), [x, *names], list(mul.outputs),
+        for (w_name, b_name), (w, bias) in zip((names[:2], names[2:]), (first, second)):
+            graph.constants[w_name] = w
+            graph.constants[b_name] = np.zeros(w.shape[0], np.float32) if bias is None else np.ascontiguousarray(bias, np.float32)
+        fused = Node(OP, unique_name(f"{mul.name}/squeeze_excite", taken), [pool.inputs[0], *names], list(mul.outputs),
                      {"activations": [squeeze.attrs.get("activation"), excite.attrs.get("activation")]})
         graph.nodes[graph.nodes.index(mul)] = fused
         for gone in (pool, squeeze, excite):

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..graph import Graph, Node, toposort, unique_name
+from .fusion import explicit_pads
 from .shape_inference import infer_shapes
 
 RESIDUAL = 3  # FusedConv's operand slot of a fused residual add
@@ -32,7 +33,7 @@ def _strides(node: Node) -> tuple[int, ...]:
 
 
 def _unpadded(node: Node) -> bool:
-    return node.attrs.get("auto_pad") == "VALID" or not any(node.attrs.get("pads") or ())
+    return not any(explicit_pads(node))
 
 
 def subsampling_stride(graph: Graph, node: Node, value: str) -> int | None:
@@ -53,9 +54,8 @@ class Plan:
 
 
 class _Planner:
-    def __init__(self, graph: Graph) -> None:
-        self.graph = graph
-        self.producers, self.users, self.outputs = graph.producers(), graph.consumers(), graph.output_names()
+    def __init__(self, graph: Graph, producers: dict[str, Node], users: dict[str, list[Node]], outputs: set[str]) -> None:
+        self.graph, self.producers, self.users, self.outputs = graph, producers, users, outputs
 
     def absorbs(self, node: Node, slot: int, plan: Plan) -> bool:
         """Whether the producer of node's operand `slot` can shrink instead: node is its only reader."""
@@ -103,7 +103,7 @@ def hoist_strides(graph: Graph) -> Graph:
             stride = strides.pop()
             assert stride is not None
             plan = Plan()
-            if _Planner(graph).shrink(producer, plan):
+            if _Planner(graph, producers, users, outputs).shrink(producer, plan):
                 _apply(graph, readers, plan, stride)
                 moved = True
                 break
