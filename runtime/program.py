@@ -26,7 +26,8 @@ INPLACE_OPERANDS = {
     "Exp": (0,), "Log": (0,), "Sqrt": (0,), "Neg": (0,), "Abs": (0,), "Reciprocal": (0,), "Erf": (0,),
     "Clip": (0,), "Softmax": (0,), "LogSoftmax": (0,),
     "Add": (0, 1), "Sub": (0, 1), "Mul": (0, 1), "Div": (0, 1),
-    "FusedConv": (3,), "SqueezeExciteNHWC": (0,),
+    "FusedConv": (3,), "FusedConvNHWC": (3,), "FusedMatMul": (3,), "QConv": (3,), "QConvNHWC": (3,), "QMatMul": (3,),
+    "SqueezeExciteNHWC": (0,),
 }
 
 

@@ -162,6 +162,29 @@ def test_residual_that_is_also_an_output_is_not_overwritten(onednn_calls: list) 
 
 
 @needs_onednn
+@pytest.mark.parametrize("also_output", [False, True])
+def test_a_dying_residual_takes_the_sum_in_place(also_output: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    # r dies at the fused sum, whose result then lands in r's own buffer: no copy of the residual;
+    # r read afterwards (here: a graph output) keeps its values
+    shared: list[bool] = []
+    real = onednn._Site.__call__
+
+    def spy(self: onednn._Site, x, residual=None, overwrite_residual=False):  # type: ignore[no-untyped-def]
+        out = real(self, x, residual, overwrite_residual)
+        if residual is not None:
+            shared.append(np.shares_memory(out, residual))
+        return out
+    monkeypatch.setattr(onednn._Site, "__call__", spy)
+    nodes = [node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
+             node("Conv", ["r", "w2"], ["e"]), node("Conv", ["e", "w3"], ["d"], pads=[1, 1, 1, 1]), node("Add", ["d", "r"], ["y"])]
+    feeds = {"x": f32(2, 8, 6, 6)}
+    consts = {"w1": f32(8, 8, 3, 3), "w2": f32(8, 8, 1, 1), "w3": f32(8, 8, 3, 3)}
+    model = make_model(nodes, feeds, ["y", "r"] if also_output else ["y"], consts)
+    assert_same_as_ort(model, feeds, executors=("sequential",))
+    assert shared == [not also_output]
+
+
+@needs_onednn
 def test_activation_onednn_cannot_fuse_keeps_the_gemm_path(onednn_calls: list) -> None:
     nodes = [node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]), node("Sigmoid", ["c"], ["y"])]
     feeds = {"x": f32(2, 3, 5, 5)}
