@@ -15,8 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
+from . import capture
 from .errors import KernelError
-from .program import Program
+from .program import Program, Step
 
 
 class AsyncValue:
@@ -74,7 +75,7 @@ def _kernel_error(prog: Program, kid: int, e: BaseException) -> KernelError:
     return err
 
 
-Step = tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]  # run, operands, results, frees, kernel id
+MAX_CAPTURED = 8  # input signatures a plan keeps a captured plan for; others run the generic one
 
 
 class SequentialPlan:
@@ -82,7 +83,9 @@ class SequentialPlan:
     function whose values are local variables (`v12 = r3(v7, c0)[0]`, `del v7` where a value
     dies), so a step costs its kernel call and nothing else: no slot list, no loops over
     operands, no per-step exception frame. `steps` stays the plan's description; assigning new
-    steps (a profiler wrapping each run) regenerates the function."""
+    steps (a profiler wrapping each run) regenerates the function. The first call with an input
+    signature is captured (capture.py): later calls with it run a plan whose runs of oneDNN
+    steps are one chain each."""
 
     def __init__(self, prog: Program) -> None:
         self.prog = prog
@@ -92,14 +95,36 @@ class SequentialPlan:
         self.inputs = prog.inputs
         self.outputs = prog.outputs
         self._compiled: tuple[list[Step], Callable[..., list[np.ndarray]]] | None = None
+        # per input signature: the captured steps (None: no chain formed) and the function generated from them
+        self._captured: dict[tuple[Any, ...], tuple[list[Step] | None, Callable[..., list[np.ndarray]]]] = {}
 
     def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         compiled = self._compiled
         if compiled is None or compiled[0] is not self.steps:
             compiled = self._compiled = (self.steps, _generate(self.prog, self.steps))
+            self._captured = {}
         if len(feeds) != len(self.inputs):
             raise ValueError(f"expected {len(self.inputs)} inputs, got {len(feeds)}")
-        return compiled[1](*feeds)
+        if not capture.ENABLED:
+            return compiled[1](*feeds)
+        try:
+            signature = tuple((x.shape, x.dtype) for x in feeds)
+        except AttributeError:  # not arrays: the kernels say what is wrong
+            return compiled[1](*feeds)
+        captured = self._captured.get(signature)
+        if captured is not None:
+            return captured[1](*feeds)
+        if len(self._captured) >= MAX_CAPTURED:
+            return compiled[1](*feeds)
+        results, steps = capture.capture(self.prog, compiled[0], feeds, _failed_step)
+        self._captured[signature] = (steps, compiled[1] if steps is None else _generate(self.prog, steps))
+        return results
+
+    def captured_steps(self, feeds: list[np.ndarray]) -> list[Step] | None:
+        """The steps later calls with these feeds' signature run, once a call has captured them;
+        None where no chain formed (or none was captured)."""
+        captured = self._captured.get(tuple((x.shape, x.dtype) for x in feeds))
+        return None if captured is None else captured[0]
 
 
 def _generate(prog: Program, steps: list[Step]) -> Callable[..., list[np.ndarray]]:

@@ -19,7 +19,8 @@ from .passes.shape_inference import spec_for
 
 # Kernels whose output may share memory with input 0: writing into one would corrupt the other.
 VIEW_OPS = {"Reshape", "Flatten", "Squeeze", "Unsqueeze", "Identity", "Dropout", "Slice", "Split", "Cast",
-            "Transpose", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "Expand"}
+            "Transpose", "ReduceMean", "ReduceSum", "ReduceMax", "ReduceMin", "ReduceProd", "Expand",
+            "ToBlocked", "FromBlocked"}  # the layout changes hand small batches through
 # Kernels that honour `inplace` for these operand positions.
 INPLACE_OPERANDS = {
     "Relu": (0,), "Sigmoid": (0,), "Tanh": (0,), "HardSwish": (0,), "HardSigmoid": (0,), "Gelu": (0,),
@@ -85,6 +86,10 @@ class Program:
             borrowed.append(root in self.inputs or self.values[root].const is not None or root in seen)
             seen.add(root)
         return tuple(borrowed)
+
+
+# A plan's step: the kernel's run, its operand and result value ids, the values dead after it, its kernel id.
+Step = tuple[Callable[..., Any], tuple[int, ...], tuple[int, ...], tuple[int, ...], int]
 
 
 class Plan(Protocol):

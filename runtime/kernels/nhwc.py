@@ -12,6 +12,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import activations, conv_gemm, jit, onednn, parallel
+from .primitive_chain import Link, linkable
 from .nn import conv_geometry, geometry_by_input_size, make_epilogue, out_size
 from .registry import BLOCKED_RESULT, OutputShapes, KernelSpec, Run, register, same_as_input
 
@@ -139,8 +140,16 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             if residual is not None and residual.ndim != x.ndim:  # a shortcut from outside the blocked region
                 residual = (TO_BLOCKED if x.ndim == 5 else FROM_BLOCKED)(residual)
             return (call(x, residual, residual_inplace),)
+
+        def link(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> Link | None:
+            if residual is not None and (residual.ndim != x.ndim or not residual_inplace):
+                return None
+            call = bound.get(x.shape) or bind(x.shape)
+            if not isinstance(call, onednn.Site):  # an image's channels transposed first
+                return None
+            return Link(call, 0, call.shape, residual=None if residual is None else 3)
         if not on_one_pixel:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
-            return run_onednn
+            return linkable(run_onednn, link)
 
     w_gemm = np.ascontiguousarray(w.transpose(2, 3, 1, 0).reshape(kh * kw * cg, o)) if group == 1 else None
     w_dw = np.ascontiguousarray(w[:, 0].transpose(1, 2, 0)) if depthwise else None
@@ -220,7 +229,10 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             if x.size * o < onednn.MIN_DENSE_MACS:
                 return run(x, _w, bias, residual)
             return run_onednn(x, _w, bias, residual)
-        return run_gemv_or_onednn
+
+        def link_gemv_or_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> Link | None:
+            return None if x.size * o < onednn.MIN_DENSE_MACS else link(x, _w, bias, residual)
+        return linkable(run_gemv_or_onednn, link_gemv_or_onednn)
     return run
 
 
@@ -270,6 +282,10 @@ def pool_nhwc(spec: KernelSpec) -> Run:
             return (TO_BLOCKED(run(FROM_BLOCKED(x))[0]),) if x.ndim == 5 else run(x)
         return (call(x),)
 
+    def link(x: np.ndarray) -> Link | None:
+        call = bound[x.shape] if x.shape in bound else bind(x.shape)
+        return None if not isinstance(call, onednn.Site) or x.dtype != np.float32 else Link(call, 0, call.shape)
+
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         if not simple_max:  # rare variants (ceil mode, averages with padding) reuse the NCHW code
             (y,) = nchw(np.ascontiguousarray(x.transpose(0, 3, 1, 2)))
@@ -289,7 +305,7 @@ def pool_nhwc(spec: KernelSpec) -> Run:
                 out = v.copy() if out is None else np.maximum(out, v, out=out)
         return (out,)  # type: ignore[return-value]
 
-    return run_onednn if fused is not None else run
+    return linkable(run_onednn, link) if fused is not None else run
 
 
 def _nhwc_global_shape(spec: KernelSpec) -> OutputShapes:
@@ -329,7 +345,18 @@ def global_pool_nhwc(spec: KernelSpec) -> Run:
             y = np.maximum.reduce(rows, axis=1)
         return (y.reshape(n, 1, 1, c),)
 
-    return run
+    def link(x: np.ndarray) -> Link | None:
+        if fused is None or x.dtype != np.float32:
+            return None
+        if x.ndim == 5:
+            n, _, _, c = onednn.unblocked_shape(x.shape)
+            return Link(fused.bind(x.shape, 1, 1, [0, 0], [0, 0]), 0, (n, 1, 1, c))
+        if average and jit.AVAILABLE and x.size <= ONE_THREAD_GLOBAL_AVERAGE:
+            return None
+        site = fused.bind(x.shape, 1, 1, [0, 0], [0, 0])
+        return Link(site, 0, site.shape)
+
+    return linkable(run, link)
 
 
 @register("ToBlocked", same_as_input)
@@ -337,12 +364,16 @@ def to_blocked(spec: KernelSpec) -> Run:
     """Where a region of oneDNN kernels (passes/blocked.py) begins: from BLOCKED_MIN_BATCH images
     up the NHWC tensor is reordered into blocks, below it passes through and the region runs NHWC."""
 
-    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
-        if not onednn.AVAILABLE or x.ndim != 4 or x.shape[0] < onednn.BLOCKED_MIN_BATCH:
-            return (x,)
-        return (TO_BLOCKED(x),)
+    def hands_through(x: np.ndarray) -> bool:
+        return not onednn.AVAILABLE or x.ndim != 4 or x.shape[0] < onednn.BLOCKED_MIN_BATCH
 
-    return run
+    def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
+        return (x,) if hands_through(x) else (TO_BLOCKED(x),)
+
+    def link(x: np.ndarray) -> Link | None:
+        return Link(None, 0, x.shape) if hands_through(x) else None
+
+    return linkable(run, link)
 
 
 @register("FromBlocked", same_as_input)
@@ -352,4 +383,7 @@ def from_blocked(spec: KernelSpec) -> Run:
     def run(x: np.ndarray) -> tuple[np.ndarray, ...]:
         return (x,) if x.ndim == 4 else (FROM_BLOCKED(x),)
 
-    return run
+    def link(x: np.ndarray) -> Link | None:
+        return Link(None, 0, x.shape) if x.ndim == 4 else None
+
+    return linkable(run, link)

@@ -81,6 +81,7 @@ def _load() -> ctypes.CDLL | None:
         "dnnl_engine_create": ([pp, i, ctypes.c_size_t], i),
         "dnnl_stream_create": ([pp, p, ctypes.c_uint], i),
         "dnnl_stream_wait": ([p], i),
+        "dnnl_stream_destroy": ([p], i),
         "dnnl_memory_desc_create_with_tag": ([pp, i, _Dims, i, i], i),
         "dnnl_memory_desc_clone": ([pp, p], i),
         "dnnl_memory_desc_destroy": ([p], i),
@@ -179,7 +180,7 @@ def _enum(kind: str, name: str, limit: int = 1024) -> int:
     raise RuntimeError(f"oneDNN: no {kind} named {name!r} in this build")
 
 
-def _check(status: int, what: str) -> None:
+def check(status: int, what: str) -> None:
     if status != 0:
         raise RuntimeError(f"oneDNN {what} failed: {_lib.dnnl_status2str(status).decode()}")  # type: ignore[union-attr]
 
@@ -197,7 +198,7 @@ class _Library:
         self.conv_direct = _enum("alg_kind", "convolution_direct")
         self.scratchpad_user = _enum("scratchpad_mode", "user")
         self.engine = ctypes.c_void_p()
-        _check(_lib.dnnl_engine_create(ctypes.byref(self.engine), _enum("engine_kind", "cpu"), 0), "engine_create")  # type: ignore[union-attr]
+        check(_lib.dnnl_engine_create(ctypes.byref(self.engine), _enum("engine_kind", "cpu"), 0), "engine_create")  # type: ignore[union-attr]
         self._local = threading.local()
         self._alg_kinds: dict[str, int] = {}
 
@@ -207,12 +208,11 @@ class _Library:
             self._alg_kinds[name] = _enum("alg_kind", name)
         return self._alg_kinds[name]
 
-    def stream(self) -> ctypes.c_void_p:
+    def stream(self) -> "Stream":
+        """This thread's stream."""
         s = getattr(self._local, "stream", None)
         if s is None:
-            s = ctypes.c_void_p()
-            _check(_lib.dnnl_stream_create(ctypes.byref(s), self.engine, 1), "stream_create")  # type: ignore[union-attr]
-            self._local.stream = s
+            s = self._local.stream = Stream()
         return s
 
 
@@ -232,37 +232,51 @@ def _library() -> _Library:
 
 def _md(dims: tuple[int, ...], dtype: int, tag: int) -> ctypes.c_void_p:
     md = ctypes.c_void_p()
-    _check(_lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), _Dims(*dims), dtype, tag), "memory_desc_create")  # type: ignore[union-attr]
+    check(_lib.dnnl_memory_desc_create_with_tag(ctypes.byref(md), len(dims), _Dims(*dims), dtype, tag), "memory_desc_create")  # type: ignore[union-attr]
     return md
 
 
 def _memory(md: Any, data: int) -> ctypes.c_void_p:
     mem = ctypes.c_void_p()
-    _check(_lib.dnnl_memory_create(ctypes.byref(mem), md, _library().engine, ctypes.c_void_p(data)), "memory_create")  # type: ignore[union-attr]
+    check(_lib.dnnl_memory_create(ctypes.byref(mem), md, _library().engine, ctypes.c_void_p(data)), "memory_create")  # type: ignore[union-attr]
     return mem
 
 
-def _aligned(nbytes: int) -> np.ndarray:
+def aligned(nbytes: int) -> np.ndarray:
     """A 64-byte aligned byte buffer (oneDNN's blocked kernels load whole cache lines)."""
     raw = np.empty(nbytes + 64, dtype=np.uint8)
     off = (-raw.ctypes.data) % 64
     return raw[off:off + nbytes]
 
 
-class _Memories:
-    """One thread's memory objects for a primitive's arguments, plus its packed argument list."""
+class Stream:
+    """A oneDNN stream: each thread runs its primitives on its own (streams are not shared across
+    threads), and so does each of a chain's arenas (primitive_chain.py)."""
 
-    def __init__(self, handle: int, slots: list[tuple[int, Any]], ptrs: list[int], scratch_bytes: int, scratch_md: Any) -> None:
-        self.scratch = _aligned(scratch_bytes) if scratch_bytes else None  # user scratchpad: per thread, so calls never share it
-        if self.scratch is not None:
-            slots = slots + [(_ARG_SCRATCHPAD, scratch_md)]
-        self.mems = [_memory(md, ptr) for (_, md), ptr in zip(slots, ptrs + ([self.scratch.ctypes.data] if self.scratch is not None else []))]
+    def __init__(self) -> None:
+        self.handle = ctypes.c_void_p()
+        check(_lib.dnnl_stream_create(ctypes.byref(self.handle), _library().engine, 1), "stream_create")  # type: ignore[union-attr]
+
+    def __del__(self) -> None:
+        if _lib is not None and getattr(self, "handle", None):
+            _lib.dnnl_stream_destroy(self.handle)
+
+
+class Arguments:
+    """A primitive's arguments bound to memory objects at `ptrs` (in the order of its slots), and
+    its packed argument list: what one runner of it (a thread, a chain's arena) keeps. `scratch`
+    is the runner's user scratchpad, never shared between concurrent calls."""
+
+    def __init__(self, prim: "_Primitive", ptrs: list[int], scratch: np.ndarray | None, stream: Stream) -> None:
+        slots = prim.slots + ([(_ARG_SCRATCHPAD, prim.scratch_md)] if scratch is not None else [])
+        self.scratch = scratch
+        self.mems = [_memory(md, ptr) for (_, md), ptr in zip(slots, ptrs + ([scratch.ctypes.data] if scratch is not None else []))]
         self.ptrs = list(ptrs)
-        self.stream = _library().stream()
+        self.stream = stream
         self.packed = (_ExecArg * len(slots))(*[_ExecArg(a, m.value) for (a, _), m in zip(slots, self.mems)])
         # what _execute_io needs besides the two arrays, when slots 0 and 1 are source and destination:
         # one array, as a jitted call's dispatch costs per argument
-        self.io = np.array([*_C_FUNCTIONS, handle, self.stream.value or 0, len(slots), ctypes.addressof(self.packed),
+        self.io = np.array([*C_FUNCTIONS, prim.handle.value or 0, stream.handle.value or 0, len(slots), ctypes.addressof(self.packed),
                             self.mems[0].value or 0, self.mems[1].value or 0], dtype=np.int64)
 
     def __del__(self) -> None:
@@ -287,11 +301,12 @@ if jit.AVAILABLE and _lib is not None:
             status = jit.c_call1(io[2], io[4])
         return status
 
-    _C_FUNCTIONS = tuple(ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value or 0 for name in (
+    # the library's entry points jitted callers take by address: set a memory's data pointer, execute, wait
+    C_FUNCTIONS = tuple(ctypes.cast(getattr(_lib, name), ctypes.c_void_p).value or 0 for name in (
         "dnnl_memory_set_data_handle", "dnnl_primitive_execute", "dnnl_stream_wait"))
 else:
     _execute_io = None
-    _C_FUNCTIONS = ()
+    C_FUNCTIONS = ()
 
 
 class _Primitive:
@@ -303,7 +318,7 @@ class _Primitive:
         self.pd = pd
         self._own_mds = [md for _, md in own or []]  # descriptors this primitive made itself (scales)
         self.handle = ctypes.c_void_p()
-        _check(lib.dnnl_primitive_create(ctypes.byref(self.handle), pd), "primitive_create")  # type: ignore[union-attr]
+        check(lib.dnnl_primitive_create(ctypes.byref(self.handle), pd), "primitive_create")  # type: ignore[union-attr]
         self.slots = [(a, lib.dnnl_primitive_desc_query_md(pd, _QUERY_EXEC_ARG_MD, a)) for a in args] + list(own or [])  # type: ignore[union-attr]
         self.scratch_md = lib.dnnl_primitive_desc_query_md(pd, _QUERY_SCRATCHPAD_MD, 0)  # type: ignore[union-attr]
         self.scratch_bytes = int(lib.dnnl_memory_desc_get_size(self.scratch_md)) if self.scratch_md else 0  # type: ignore[union-attr]
@@ -316,31 +331,32 @@ class _Primitive:
     def implementation(self) -> str:
         """The kernel oneDNN chose, as it names it (e.g. brgemm:avx2)."""
         name = ctypes.c_char_p()
-        _check(_lib.dnnl_primitive_desc_query(self.pd, _QUERY_IMPL_INFO_STR, 0, ctypes.byref(name)), "query impl_info_str")  # type: ignore[union-attr]
+        check(_lib.dnnl_primitive_desc_query(self.pd, _QUERY_IMPL_INFO_STR, 0, ctypes.byref(name)), "query impl_info_str")  # type: ignore[union-attr]
         return (name.value or b"").decode()
 
     def execute(self, ptrs: list[int]) -> None:
         """Run on this thread's stream with `ptrs` in the order of the slots given at creation."""
         lib = _lib
-        bound: _Memories | None = getattr(self._local, "bound", None)
+        bound: Arguments | None = getattr(self._local, "bound", None)
         if bound is None:
-            bound = self._local.bound = _Memories(self.handle.value or 0, self.slots, ptrs, self.scratch_bytes, self.scratch_md)
+            stream = _library().stream()
+            bound = self._local.bound = Arguments(self, ptrs, aligned(self.scratch_bytes) if self.scratch_bytes else None, stream)
         else:
             for i, ptr in enumerate(ptrs):
                 if i < 2 or bound.ptrs[i] != ptr:  # execute_io moves slots 0 and 1 without updating ptrs
-                    _check(lib.dnnl_memory_set_data_handle(bound.mems[i], ptr), "memory_set_data_handle")  # type: ignore[union-attr]
+                    check(lib.dnnl_memory_set_data_handle(bound.mems[i], ptr), "memory_set_data_handle")  # type: ignore[union-attr]
                     bound.ptrs[i] = ptr
-        _check(lib.dnnl_primitive_execute(self.handle, bound.stream, len(bound.packed), bound.packed), "primitive_execute")  # type: ignore[union-attr]
-        _check(lib.dnnl_stream_wait(bound.stream), "stream_wait")  # type: ignore[union-attr]
+        check(lib.dnnl_primitive_execute(self.handle, bound.stream.handle, len(bound.packed), bound.packed), "primitive_execute")  # type: ignore[union-attr]
+        check(lib.dnnl_stream_wait(bound.stream.handle), "stream_wait")  # type: ignore[union-attr]
 
     def execute_io(self, src: np.ndarray, dst: np.ndarray, consts: list[int]) -> None:
         """execute([src, dst, *consts]) where slots 0 and 1 are the source and destination and
         `consts` never change for this primitive: the per-call path."""
-        bound: _Memories | None = getattr(self._local, "bound", None)
+        bound: Arguments | None = getattr(self._local, "bound", None)
         if bound is None or _execute_io is None:
             self.execute([src.ctypes.data, dst.ctypes.data, *consts])
             return
-        _check(_execute_io(bound.io, src, dst), "primitive_execute")
+        check(_execute_io(bound.io, src, dst), "primitive_execute")
 
     def __del__(self) -> None:
         if _lib is not None:
@@ -402,7 +418,7 @@ class _FusedOp:
             (_ARG_WEIGHTS, np.ascontiguousarray(quant.w_scales, dtype=np.float32).reshape(-1)),
         ] + ([] if quant.dst_scale is None else [(_ARG_DST, np.array([quant.dst_scale], np.float32))])
         self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], np.ndarray]] = {}  # primitive, constant pointers, weights
-        self._sites: dict[tuple[int, ...], _Site] = {}
+        self._sites: dict[tuple[int, ...], Site] = {}
         self._weights: list[tuple[Any, np.ndarray]] = []  # (memory desc clone, reordered weights)
         self._lock = threading.Lock()
 
@@ -418,32 +434,32 @@ class _FusedOp:
                 return buf
         lib, st = _lib, _library()
         user_md = _md(self.w_dims, self._dt(self.w.dtype), self.w_tag)
-        buf = _aligned(int(lib.dnnl_memory_desc_get_size(want_md)))  # type: ignore[union-attr]
+        buf = aligned(int(lib.dnnl_memory_desc_get_size(want_md)))  # type: ignore[union-attr]
         pd = ctypes.c_void_p()
         try:
-            _check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), user_md, st.engine, want_md, st.engine, None), "reorder")  # type: ignore[union-attr]
+            check(lib.dnnl_reorder_primitive_desc_create(ctypes.byref(pd), user_md, st.engine, want_md, st.engine, None), "reorder")  # type: ignore[union-attr]
             _Primitive(pd, [_ARG_FROM, _ARG_TO]).execute([self.w.ctypes.data, buf.ctypes.data])
         finally:
             lib.dnnl_memory_desc_destroy(user_md)  # type: ignore[union-attr]
         kept = ctypes.c_void_p()
-        _check(lib.dnnl_memory_desc_clone(ctypes.byref(kept), want_md), "memory_desc_clone")  # type: ignore[union-attr]
+        check(lib.dnnl_memory_desc_clone(ctypes.byref(kept), want_md), "memory_desc_clone")  # type: ignore[union-attr]
         self._weights.append((kept, buf))
         return buf
 
     def _attributes(self, attr: ctypes.c_void_p, post: ctypes.c_void_p) -> None:
         lib, st = _lib, _library()
-        _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
+        check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
         for arg, values in self._scales:
             mask = 0 if arg != _ARG_WEIGHTS or values.size == 1 else self.w_scale_mask
-            _check(lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales_mask")  # type: ignore[union-attr]
+            check(lib.dnnl_primitive_attr_set_scales_mask(attr, arg, mask), "scales_mask")  # type: ignore[union-attr]
         if self.residual:
             q = self.quant
             dt, scale = (self.dst_dtype, 1.0) if q is None or q.residual is None else (np.dtype(q.residual), q.residual_scale)
-            _check(lib.dnnl_post_ops_append_sum(post, scale, 0, self._dt(dt)), "post_ops sum")  # type: ignore[union-attr]
+            check(lib.dnnl_post_ops_append_sum(post, scale, 0, self._dt(dt)), "post_ops sum")  # type: ignore[union-attr]
         if self.activation is not None:
             kind, alpha, beta = self.activation
-            _check(lib.dnnl_post_ops_append_eltwise(post, st.alg_kind(kind), alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
-        _check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
+            check(lib.dnnl_post_ops_append_eltwise(post, st.alg_kind(kind), alpha, beta), "post_ops eltwise")  # type: ignore[union-attr]
+        check(lib.dnnl_primitive_attr_set_post_ops(attr, post), "set_post_ops")  # type: ignore[union-attr]
 
     def _primitive(self, key: tuple[int, ...], serial: bool = False) -> tuple[_Primitive, list[int], np.ndarray]:
         """The primitive for this input shape, made for a team of one where `serial`."""
@@ -453,8 +469,8 @@ class _FusedOp:
     def _make(self, key: tuple[int, ...], serial: bool) -> tuple[_Primitive, list[int], np.ndarray]:
         lib = _lib
         attr, post = ctypes.c_void_p(), ctypes.c_void_p()
-        _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
-        _check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
+        check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
+        check(lib.dnnl_post_ops_create(ctypes.byref(post)), "post_ops_create")  # type: ignore[union-attr]
         try:
             self._attributes(attr, post)
             with TeamOf(1 if serial else omp.TEAM):
@@ -483,15 +499,15 @@ class _FusedOp:
                 _lib.dnnl_memory_desc_destroy(md)
 
 
-def _site(op: Any, key: tuple[int, ...], shape: tuple[int, ...]) -> "_Site":
+def _site(op: Any, key: tuple[int, ...], shape: tuple[int, ...]) -> "Site":
     """op's call site for one input shape (`key`, the result's `shape`), made on its first call."""
-    found: _Site | None = op._sites.get(key)
+    found: Site | None = op._sites.get(key)
     if found is None:
-        found = op._sites.setdefault(key, _Site(op, key, shape))
+        found = op._sites.setdefault(key, Site(op, key, shape))
     return found
 
 
-class _Site:
+class Site:
     """One input shape of a fused op or a pooling, resolved once: its TeamChoice, its primitives (made on first
     use, per team size) and the result's shape. A kernel that keeps the site of each shape it sees
     calls it with no key, no lookups and no shape work: a plan's step costs the library call."""
@@ -503,6 +519,14 @@ class _Site:
         self.choice = TeamChoice()
         self.made: list[tuple[_Primitive, list[int], np.ndarray | None] | None] = [None, None]  # for the team, for one thread
 
+    def primitive(self, serial: bool) -> tuple[_Primitive, list[int], np.ndarray | None]:
+        """The primitive for the team (or, `serial`, for one thread), its constant arguments'
+        addresses and what keeps them alive; made on first use."""
+        made = self.made[serial]
+        if made is None:
+            made = self.made[serial] = self.op._primitive(self.key, serial)
+        return made
+
     def __call__(self, x: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         op = self.op
         if x.dtype != op.src_dtype:
@@ -511,9 +535,7 @@ class _Site:
             x = np.ascontiguousarray(x)
         choice = self.choice
         serial = choice.pick()
-        made = self.made[serial]
-        if made is None:
-            made = self.made[serial] = op._primitive(self.key, serial)
+        made = self.made[serial] or self.primitive(serial)
         shape = self.shape
         if op.residual:
             if residual is None:
@@ -586,7 +608,7 @@ class Conv2D(_FusedOp):
                _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), self._dt(self.dst_dtype), dst_tag)]
 
         def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
-            _check(lib.dnnl_convolution_forward_primitive_desc_create(  # type: ignore[union-attr]
+            check(lib.dnnl_convolution_forward_primitive_desc_create(  # type: ignore[union-attr]
                 pd, st.engine, st.inference, st.conv_direct, src, w, b, dst, _Dims(*self.strides),
                 _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "convolution")
         return _descriptor_with(mds, create)
@@ -606,7 +628,7 @@ class Conv2D(_FusedOp):
     def bind(self, x_shape: tuple[int, ...], oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
              blocked_out: bool = False) -> Callable[..., np.ndarray]:
         """This convolution for inputs of one shape, as `call(x, residual=None, overwrite_residual=False)`:
-        what a kernel keeps per shape it sees (see _Site)."""
+        what a kernel keeps per shape it sees (see Site)."""
         blocked = self.nhwc and len(x_shape) == 5 and x_shape[-1] == BLOCK
         if len(x_shape) != 4 and not blocked:
             raise ValueError(f"Conv {self.name}: expected a 4-D {self.src_dtype} input, got shape {tuple(x_shape)}")
@@ -661,13 +683,13 @@ class Dense(_FusedOp):
             bias_md = _md((n,), st.f32, st.tag_a) if self.bias is not None else None
 
             def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
-                _check(lib.dnnl_inner_product_forward_primitive_desc_create(pd, st.engine, st.inference, src, w, b, dst, attr),  # type: ignore[union-attr]
+                check(lib.dnnl_inner_product_forward_primitive_desc_create(pd, st.engine, st.inference, src, w, b, dst, attr),  # type: ignore[union-attr]
                        "inner_product")
         else:
             bias_md = _md((1, n), st.f32, st.tag_ab) if self.bias is not None else None
 
             def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
-                _check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
+                check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
         return _descriptor_with([src_md, w_md, bias_md, dst_md], create)
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
@@ -682,14 +704,14 @@ class Pool2D:
     """Max or average pooling of NHWC float32 (`algorithm`: pooling_max, pooling_avg_exclude_padding
     or pooling_avg_include_padding): oneDNN's kernels read the channels innermost in one pass."""
 
-    kind, src_dtype, dst_dtype, residual = "Pool", _F32, _F32, False  # what a _Site reads of its op
+    kind, src_dtype, dst_dtype, residual = "Pool", _F32, _F32, False  # what a Site reads of its op
 
     def __init__(self, algorithm: str, kernel: tuple[int, ...], strides: list[int], dil: list[int], name: str = "pool") -> None:
         self.alg = _library().alg_kind(algorithm)
         self.kernel, self.strides, self.dil, self.name = list(kernel), list(strides), list(dil), name
         self._shapes: dict[tuple[int, ...], tuple[_Primitive, list[int], None]] = {}
         self._lock = threading.Lock()
-        self._sites: dict[tuple[int, ...], _Site] = {}
+        self._sites: dict[tuple[int, ...], Site] = {}
 
     def _primitive(self, key: tuple[int, ...], serial: bool) -> tuple[_Primitive, list[int], None]:
         cached = key + (serial,)
@@ -701,12 +723,12 @@ class Pool2D:
         tag = st.tag_blocked if blocked else st.tag_acdb
         kernel = self.kernel if self.kernel else [h, wd]
         attr = ctypes.c_void_p()
-        _check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
+        check(lib.dnnl_primitive_attr_create(ctypes.byref(attr)), "attr_create")  # type: ignore[union-attr]
         try:
-            _check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
+            check(lib.dnnl_primitive_attr_set_scratchpad_mode(attr, st.scratchpad_user), "scratchpad_mode")  # type: ignore[union-attr]
 
             def create(pd: Any, src: Any, dst: Any) -> None:
-                _check(lib.dnnl_pooling_forward_primitive_desc_create(  # type: ignore[union-attr]
+                check(lib.dnnl_pooling_forward_primitive_desc_create(  # type: ignore[union-attr]
                     pd, st.engine, st.inference, self.alg, src, dst, _Dims(*self.strides), _Dims(*kernel),
                     _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "pooling")
             with TeamOf(1 if serial else omp.TEAM):
@@ -723,7 +745,7 @@ class Pool2D:
             raise ValueError(f"Pool {self.name}: expected a 4-D float32 NHWC input, got {x.dtype} of shape {x.shape}")
         return self.bind(x.shape, oh, ow, pads_begin, pads_end)(x)
 
-    def bind(self, x_shape: tuple[int, ...], oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> "_Site":
+    def bind(self, x_shape: tuple[int, ...], oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> "Site":
         """This pooling for inputs of one shape: what a kernel keeps per shape it sees."""
         blocked = len(x_shape) == 5 and x_shape[-1] == BLOCK
         if len(x_shape) != 4 and not blocked:
@@ -751,7 +773,7 @@ class Reorder:
         n, h, w, c = key
         src, dst = (st.tag_acdb, st.tag_blocked) if self.to_blocked else (st.tag_blocked, st.tag_acdb)
         with TeamOf(1 if serial else omp.TEAM):
-            pd = _descriptor_with([_md((n, c, h, w), st.f32, src), _md((n, c, h, w), st.f32, dst)], lambda pd, s, d: _check(
+            pd = _descriptor_with([_md((n, c, h, w), st.f32, src), _md((n, c, h, w), st.f32, dst)], lambda pd, s, d: check(
                 lib.dnnl_reorder_primitive_desc_create(pd, s, st.engine, d, st.engine, None), "reorder"))  # type: ignore[union-attr]
             return _Primitive(pd, [_ARG_FROM, _ARG_TO])
 

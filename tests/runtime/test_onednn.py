@@ -27,12 +27,12 @@ def f32(*shape: int) -> np.ndarray:
 def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
     """Records (op kind, input shape) of every convolution, matmul and pooling oneDNN ran."""
     calls: list[tuple[str, tuple[int, ...]]] = []
-    real = onednn._Site.__call__
+    real = onednn.Site.__call__
 
-    def spy(self: onednn._Site, x, *a, **k):  # type: ignore[no-untyped-def]
+    def spy(self: onednn.Site, x, *a, **k):  # type: ignore[no-untyped-def]
         calls.append((self.op.kind, x.shape))
         return real(self, x, *a, **k)
-    monkeypatch.setattr(onednn._Site, "__call__", spy)
+    monkeypatch.setattr(onednn.Site, "__call__", spy)
     return calls
 
 
@@ -167,14 +167,14 @@ def test_a_dying_residual_takes_the_sum_in_place(also_output: bool, monkeypatch:
     # r dies at the fused sum, whose result then lands in r's own buffer: no copy of the residual;
     # r read afterwards (here: a graph output) keeps its values
     shared: list[bool] = []
-    real = onednn._Site.__call__
+    real = onednn.Site.__call__
 
-    def spy(self: onednn._Site, x, residual=None, overwrite_residual=False):  # type: ignore[no-untyped-def]
+    def spy(self: onednn.Site, x, residual=None, overwrite_residual=False):  # type: ignore[no-untyped-def]
         out = real(self, x, residual, overwrite_residual)
         if residual is not None:
             shared.append(np.shares_memory(out, residual))
         return out
-    monkeypatch.setattr(onednn._Site, "__call__", spy)
+    monkeypatch.setattr(onednn.Site, "__call__", spy)
     nodes = [node("Conv", ["x", "w1"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["r"]),
              node("Conv", ["r", "w2"], ["e"]), node("Conv", ["e", "w3"], ["d"], pads=[1, 1, 1, 1]), node("Add", ["d", "r"], ["y"])]
     feeds = {"x": f32(2, 8, 6, 6)}

@@ -1,0 +1,270 @@
+"""Plans captured per input signature: runs of oneDNN steps become one chain step each.
+
+The first call of a sequential plan with a new input signature runs step by step and asks each
+kernel what it is for its operands (kernels/primitive_chain.Link). Runs of steps that are one
+primitive each, two primitives or more, become a PrimitiveChain whose inner values live in planned
+buffers; the plan for later calls with that signature is generated from the new steps. A value a
+step sums into in place shares its buffer with the result, as in the memory plan, but only where
+nothing reads it later: a handed-through value is the same memory under another name, which the
+program's alias sets do not know about.
+"""
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from .kernels import primitive_chain
+from .kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
+from .program import Program, Step
+
+CHAINS_ENV = "KUBETRT_PRIMITIVE_CHAINS"
+# A chain whose inner values need more than this keeps its steps: steps over such tensors run long
+# enough that their Python does not count, and the arena would hold that memory beside the heap's.
+ARENA_LIMIT = 64 << 20
+ALIGN = 64
+Failed = Callable[[Program, int, BaseException], BaseException]
+
+
+def chains_enabled(env: Mapping[str, str]) -> bool:
+    """CHAINS_ENV: 1 (the default) captures chains where oneDNN and numba are, 0 never does."""
+    text = env.get(CHAINS_ENV, "1").strip() or "1"
+    if text not in ("0", "1"):
+        raise ValueError(f"{CHAINS_ENV}={text!r}: expected 1 (capture primitive chains) or 0")
+    return text == "1" and primitive_chain.AVAILABLE
+
+
+ENABLED = chains_enabled(os.environ)
+
+
+def capture(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -> tuple[list[Any], list[Step] | None]:
+    """Run the plan's steps on `feeds` (this call's results) and return them with the steps of the
+    plan for this signature: None where no chain forms."""
+    results, links, metas = _trace(prog, steps, feeds, failed)
+    chained = _chained(prog, steps, links, metas)
+    return results, chained
+
+
+Meta = tuple[tuple[int, ...], np.dtype] | None  # an operand's shape and dtype as traced; None: not an array
+
+
+def _trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -> tuple[list[Any], list[Link | None], list[list[Meta]]]:
+    values = prog.values
+    env: dict[int, Any] = dict(zip(prog.inputs, feeds))
+    links: list[Link | None] = []
+    metas: list[list[Meta]] = []
+
+    def operand(vid: int) -> Any:
+        return None if vid < 0 else env[vid] if vid in env else values[vid].const
+
+    for run, ins, outs, frees, kid in steps:
+        operands = [operand(v) for v in ins]
+        link = _usable_link(prog, run, ins, outs, operands)
+        try:
+            results = run(*operands)
+        except Exception as e:
+            raise failed(prog, kid, e) from e
+        if link is not None and not _produced(link, operands, results[0]):
+            link = None
+        links.append(link)
+        metas.append([(x.shape, x.dtype) if isinstance(x, np.ndarray) else None for x in operands])
+        for v, r in zip(outs, results):
+            if v >= 0:
+                env[v] = r
+        for v in frees:
+            env.pop(v, None)
+    return [operand(v) for v in prog.outputs], links, metas
+
+
+def _usable_link(prog: Program, run: Any, ins: tuple[int, ...], outs: tuple[int, ...], operands: list[Any]) -> Link | None:
+    """The step's link where a chain can run it: one result, the source (and residual) computed
+    values of the types the primitive was made for, every other operand a constant."""
+    link = primitive_chain.link_for(run, operands)
+    if link is None or len(outs) != 1 or outs[0] < 0:
+        return None
+    computed = [link.src] + ([link.residual] if link.residual is not None else [])
+    for pos, vid in enumerate(ins):
+        if (vid < 0 or prog.values[vid].const is not None) == (pos in computed):
+            return None  # the chain passes the computed operands only: the others must be the constants the primitive holds
+    src = operands[link.src]
+    if not isinstance(src, np.ndarray):
+        return None
+    site = link.site
+    if site is None:
+        return link
+    if src.dtype != site.op.src_dtype or math.prod(src.shape) == 0:
+        return None
+    if link.residual is not None:
+        residual = operands[link.residual]
+        if residual.shape != site.shape or residual.dtype != site.op.dst_dtype:
+            return None
+    return link
+
+
+def _produced(link: Link, operands: list[Any], result: Any) -> bool:
+    """Whether the step's result is what its link said: the shape, and a handed-through operand's very memory."""
+    if not isinstance(result, np.ndarray) or result.shape != link.shape:
+        return False
+    if link.site is None:
+        src = operands[link.src]
+        return bool(result.flags.c_contiguous and src.flags.c_contiguous and result.ctypes.data == src.ctypes.data
+                    and result.dtype == src.dtype)
+    return bool(result.dtype == link.site.op.dst_dtype)
+
+
+@dataclass
+class _Group:
+    """Values in one buffer: a step's residual and its result, a value and what hands it through."""
+
+    values: list[int]
+    shape: tuple[int, ...]
+    dtype: np.dtype
+    external: int | None = None  # the chain input it is, if it comes from outside the run
+    first: int = 0  # step of its first value
+    last: int = 0  # last step that reads any of its values
+    escapes: bool = False
+    offset: int = -1  # in the arena, where it lives there
+    buffer: int = -1
+
+
+@dataclass
+class _Run:
+    """A run of linked steps being made into a chain."""
+
+    members: list[int] = field(default_factory=list)  # step indices
+    primitives: int = 0
+    groups: list[_Group] = field(default_factory=list)
+    group_of: dict[int, _Group] = field(default_factory=dict)
+    shapes: dict[int, tuple[int, ...]] = field(default_factory=dict)  # of each value the run computes
+    inputs: list[int] = field(default_factory=list)  # chain inputs, as value ids
+
+
+def _chained(prog: Program, steps: list[Step], links: list[Link | None], metas: list[list[Meta]]) -> list[Step] | None:
+    last_use: dict[int, int] = {}
+    for i, (_, ins, _, _, _) in enumerate(steps):
+        for v in ins:
+            last_use[v] = i
+    for v in prog.outputs:
+        last_use[v] = len(steps)  # read after the last step
+    out: list[Step] = []
+    changed = False
+    i = 0
+    while i < len(steps):
+        if links[i] is None:
+            out.append(steps[i])
+            i += 1
+            continue
+        run = _Run()
+        j = i
+        while j < len(steps) and links[j] is not None:
+            _take(run, steps, links, metas, j)
+            j += 1
+        chain = _chain_step(prog, steps, links, run, last_use) if run.primitives >= 2 else None
+        if chain is None:
+            out.extend(steps[k] for k in run.members)
+        else:
+            out.append(chain)
+            changed = True
+        i = j
+    return out if changed else None
+
+
+def _take(run: _Run, steps: list[Step], links: list[Link | None], metas: list[list[Meta]], k: int) -> None:
+    """Add step k to the run: its operands from outside become chain inputs, its result joins the
+    buffer of the value it writes over (a residual the memory plan let it overwrite) or hands
+    through, or gets one of its own."""
+    _, ins, outs, _, _ = steps[k]
+    link = links[k]
+    assert link is not None
+    for pos in ([link.src] + ([link.residual] if link.residual is not None else [])):
+        vid = ins[pos]
+        if vid not in run.group_of:
+            meta = metas[k][pos]
+            assert meta is not None
+            group = _Group([vid], meta[0], meta[1], external=len(run.inputs), first=k)
+            run.inputs.append(vid)
+            run.groups.append(group)
+            run.group_of[vid] = group
+    out = outs[0]
+    if link.site is None:
+        group = run.group_of[ins[link.src]]
+    elif link.residual is not None:
+        group = run.group_of[ins[link.residual]]
+    else:
+        group = _Group([], link.site.shape, link.site.op.dst_dtype, first=k)
+        run.groups.append(group)
+    group.values.append(out)
+    run.group_of[out] = group
+    run.shapes[out] = link.shape
+    run.primitives += link.site is not None
+    run.members.append(k)
+
+
+def _chain_step(prog: Program, steps: list[Step], links: list[Link | None], run: _Run, last_use: dict[int, int]) -> Step | None:
+    end = run.members[-1]
+    escaping = [steps[k][2][0] for k in run.members if last_use.get(steps[k][2][0], -1) > end]
+    if not escaping:
+        return None
+    for group in run.groups:
+        group.last = max(min(last_use.get(v, group.first), end) for v in group.values)
+        group.escapes = any(v in escaping for v in group.values)
+    arena_bytes = _place(run)
+    if arena_bytes > ARENA_LIMIT:
+        return None
+    buffers: list[Buffer] = []
+    for group in run.groups:
+        group.buffer = len(buffers)
+        kind, index = (INPUT, group.external) if group.external is not None else (RESULT, 0) if group.escapes else (ARENA, group.offset)
+        buffers.append(Buffer(kind, index, group.shape, group.dtype))
+    rows = []
+    for k in run.members:
+        link, ins, out = links[k], steps[k][1], steps[k][2][0]
+        assert link is not None
+        if link.site is not None:
+            rows.append(Row(link.site, run.group_of[ins[link.src]].buffer, run.group_of[out].buffer))
+    outputs = [(run.group_of[v].buffer, run.shapes[v]) for v in escaping]
+    members = [steps[k] for k in run.members]
+    names = [prog.kernels[kid].name for _, _, _, _, kid in members]
+    chain = PrimitiveChain(rows, buffers, outputs, arena_bytes, _fallback(prog, members, run.inputs, escaping),
+                           f"{names[0]}..{names[-1]} ({len(members)} steps)")
+    inputs = set(run.inputs)
+    frees = tuple(v for _, _, _, fr, _ in members for v in fr if v in inputs)
+    return (chain, tuple(run.inputs), tuple(escaping), frees, members[0][4])
+
+
+def _place(run: _Run) -> int:
+    """Byte offsets in the arena for the groups that live there, first fit by liveness; returns the
+    arena's size."""
+    live: list[tuple[int, int, _Group]] = []  # (offset, bytes, group), by offset
+    size = 0
+    for k in run.members:
+        for group in run.groups:
+            if group.first == k and group.external is None and not group.escapes and group.offset < 0:
+                nbytes = -(-math.prod(group.shape) * group.dtype.itemsize // ALIGN) * ALIGN
+                offset = 0
+                for start, taken, _ in live:
+                    if start - offset >= nbytes:
+                        break
+                    offset = max(offset, start + taken)
+                live.append((offset, nbytes, group))
+                live.sort(key=lambda t: t[0])
+                size = max(size, offset + nbytes)
+                group.offset = offset
+        live = [t for t in live if t[2].last > k]
+    return size
+
+
+def _fallback(prog: Program, members: list[Step], inputs: list[int], outputs: list[int]) -> Callable[..., tuple[Any, ...]]:
+    """The steps a chain replaced, run one by one: for inputs of other shapes than captured."""
+    consts = {v.id: v.const for v in prog.values if v.const is not None}
+
+    def run_steps(*xs: Any) -> tuple[Any, ...]:
+        env: dict[int, Any] = dict(zip(inputs, xs))
+        for run, ins, outs, _, _ in members:
+            results = run(*[None if v < 0 else env[v] if v in env else consts[v] for v in ins])
+            env.update((v, r) for v, r in zip(outs, results) if v >= 0)
+        return tuple(env[v] for v in outputs)
+    return run_steps

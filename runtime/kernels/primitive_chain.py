@@ -1,0 +1,207 @@
+"""Runs of oneDNN steps as one compiled call: a chain.
+
+Why: a plan step costs Python besides its primitive (the kernel's closure, the call site's checks,
+a fresh result array, the team choice's timer), microseconds that a small batch's primitives do
+not hide: MobileNetV2 runs fifty convolutions per image, most of them shorter than a hundred
+microseconds. A plan captures, per input signature, the runs of steps whose kernels say they are
+one primitive for these operands (`Link`) and plans their buffers once (runtime/capture.py); a
+chain runs those primitives from one jitted loop that only points its inputs and results at this
+call's arrays. The primitives are the steps' own, so the results are the same bits.
+
+Memory: the chain's inner values live in an arena, one per concurrent caller (taken and given back
+per call), its results are fresh arrays as every kernel's are. The team choice (omp.TeamChoice) is
+made for the chain as a whole.
+"""
+from __future__ import annotations
+
+import ctypes
+import time
+import weakref
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from . import jit, omp, onednn
+from .registry import Run
+
+INPUT, RESULT, ARENA = range(3)  # where a chain buffer lives: a caller's array, a fresh array per call, the arena
+
+
+@dataclass(frozen=True)
+class Link:
+    """What one plan step is for the operands of one call: oneDNN's `site` reading operand `src`
+    into a result of `shape` (the site's shape, or a reshape of it), starting from operand
+    `residual` where the primitive sums into its destination. No site: the step hands operand
+    `src` through as it is (a layout change that is none at this batch)."""
+
+    site: onednn.Site | None
+    src: int
+    shape: tuple[int, ...]
+    residual: int | None = None
+
+
+_LINKS: "weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Link | None]]" = weakref.WeakKeyDictionary()
+
+
+def linkable(run: Run, link: Callable[..., Link | None]) -> Run:
+    """Declare the kernel `run` one a chain may take in: `link(*operands)` says what it is for these
+    operands, None where it is not one primitive."""
+    _LINKS[run] = link
+    return run
+
+
+def link_for(run: Callable[..., Any], operands: list[Any]) -> Link | None:
+    link = _LINKS.get(run)
+    return None if link is None else link(*operands)
+
+
+@dataclass(frozen=True)
+class Buffer:
+    """Memory that one or more of a chain's values live in: the chain's `index`-th input, a fresh
+    array per call, or bytes at offset `index` of the arena. Values that share one are a step's
+    result written over its residual, or handed through."""
+
+    kind: int
+    index: int
+    shape: tuple[int, ...]
+    dtype: np.dtype
+
+
+@dataclass(frozen=True)
+class Row:
+    """One primitive of a chain: its site, read from buffer `src` into buffer `dst`."""
+
+    site: onednn.Site
+    src: int
+    dst: int
+
+
+HEADER = 4  # a chain's pointer table starts with: set a memory's data pointer, execute, wait, the stream
+
+
+if jit.AVAILABLE and onednn.AVAILABLE:
+    from numba import literal_unroll
+
+    @jit.njit(cache=True, nogil=True)
+    def _run_rows(table, ptrs, inputs, results):
+        # ptrs: HEADER, then a pointer per buffer: the inputs', the results' (set here: a jitted
+        # call reads an array's address for far less than Python does), then the arena's. Table
+        # rows: primitive, argument count, packed arguments, source memory and the buffer whose
+        # pointer it takes (-1: fixed in the arena), destination memory and its buffer.
+        slot = HEADER
+        for x in literal_unroll(inputs):
+            ptrs[slot] = x.ctypes.data
+            slot += 1
+        for y in literal_unroll(results):
+            ptrs[slot] = y.ctypes.data
+            slot += 1
+        set_handle, execute, stream = ptrs[0], ptrs[1], ptrs[3]
+        for i in range(table.shape[0]):
+            r = table[i]
+            if r[4] >= 0:
+                status = jit.c_call2(set_handle, r[3], ptrs[HEADER + r[4]])
+                if status != 0:
+                    return status
+            if r[6] >= 0:
+                status = jit.c_call2(set_handle, r[5], ptrs[HEADER + r[6]])
+                if status != 0:
+                    return status
+            status = jit.c_call4(execute, r[0], stream, r[1], r[2])
+            if status != 0:
+                return status
+        return jit.c_call1(ptrs[2], stream)
+else:
+    _run_rows = None
+
+AVAILABLE = _run_rows is not None
+
+
+class _Arena:
+    """One caller's memory for a chain: its inner buffers, the primitives' arguments bound to them
+    (per team size, made when first run), a scratchpad and a stream."""
+
+    def __init__(self, chain: "PrimitiveChain") -> None:
+        self.chain = chain
+        self.memory = onednn.aligned(max(chain.arena_bytes, 1))
+        self.stream = onednn.Stream()
+        base = self.memory.ctypes.data
+        self.ptrs = np.array([*onednn.C_FUNCTIONS, self.stream.handle.value or 0]
+                             + [base + b.index if b.kind == ARENA else 0 for b in chain.buffers], dtype=np.int64)
+        self.tables: list[np.ndarray | None] = [None, None]  # for the team, for one thread
+        self._kept: list[list[Any]] = [[], []]
+
+    def table(self, serial: bool) -> np.ndarray:
+        found = self.tables[serial]
+        if found is not None:
+            return found
+        chain = self.chain
+        made = [row.site.primitive(serial) for row in chain.rows]
+        scratch_bytes = max(prim.scratch_bytes for prim, _, _ in made)
+        scratch = onednn.aligned(scratch_bytes) if scratch_bytes else None  # rows run one after another: one scratchpad
+        rows = []
+        for row, (prim, consts, _) in zip(chain.rows, made):
+            args = onednn.Arguments(prim, [int(self.ptrs[HEADER + row.src]), int(self.ptrs[HEADER + row.dst]), *consts],
+                                    scratch if prim.scratch_bytes else None, self.stream)
+            self._kept[serial].append(args)
+            src_slot = -1 if chain.buffers[row.src].kind == ARENA else row.src
+            dst_slot = -1 if chain.buffers[row.dst].kind == ARENA else row.dst
+            rows.append([prim.handle.value or 0, len(args.packed), ctypes.addressof(args.packed),
+                         args.mems[0].value or 0, src_slot, args.mems[1].value or 0, dst_slot])
+        self._kept[serial].append(scratch)
+        table = self.tables[serial] = np.array(rows, dtype=np.int64)
+        return table
+
+
+class PrimitiveChain:
+    """Rows of primitives over planned buffers, called as one plan step: the chain's inputs in,
+    its results (`outputs`: buffer and shape of each) out. Inputs of other shapes or dtypes than
+    captured (a shape that depends on data) take `fallback`, the steps the chain replaced."""
+
+    def __init__(self, rows: list[Row], buffers: list[Buffer], outputs: list[tuple[int, tuple[int, ...]]],
+                 arena_bytes: int, fallback: Callable[..., tuple[np.ndarray, ...]], name: str) -> None:
+        if not AVAILABLE:
+            raise RuntimeError("primitive chains need oneDNN and numba")
+        # the inputs' buffers first (in input order), then the results', then the arena's: the order _run_rows fills them in
+        order = sorted(range(len(buffers)), key=lambda i: (buffers[i].kind, buffers[i].index if buffers[i].kind == INPUT else i))
+        at = {old: new for new, old in enumerate(order)}
+        self.buffers = [buffers[i] for i in order]
+        self.rows = [Row(r.site, at[r.src], at[r.dst]) for r in rows]
+        self.outputs = [(at[b], shape) for b, shape in outputs]
+        self.arena_bytes, self.fallback, self.name = arena_bytes, fallback, name
+        self.expect = [(b.shape, b.dtype) for b in self.buffers if b.kind == INPUT]
+        self.results = [(b.shape, b.dtype) for b in self.buffers if b.kind == RESULT]
+        self.choice = omp.TeamChoice()
+        self._idle: list[_Arena] = []
+
+    def __call__(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        for x, (shape, dtype) in zip(xs, self.expect):
+            if x.shape != shape or x.dtype != dtype:
+                return self.fallback(*xs)
+            if not x.flags.c_contiguous:
+                xs = tuple(np.ascontiguousarray(x) for x in xs)
+        results = tuple(np.empty(shape, dtype) for shape, dtype in self.results)
+        try:
+            arena = self._idle.pop()
+        except IndexError:
+            arena = _Arena(self)
+        try:
+            choice = self.choice
+            serial = choice.pick()
+            table = arena.table(serial)
+            start = time.perf_counter()
+            if serial:
+                with omp.TeamOf(1):
+                    status = _run_rows(table, arena.ptrs, xs, results)
+            else:
+                status = _run_rows(table, arena.ptrs, xs, results)
+            choice.record(serial, time.perf_counter() - start)
+        finally:
+            self._idle.append(arena)
+        onednn.check(status, f"chain {self.name}")
+        bases = xs + results
+        return tuple(_shaped(bases[b], shape) for b, shape in self.outputs)
+
+
+def _shaped(base: np.ndarray, shape: tuple[int, ...]) -> np.ndarray:
+    return base if base.shape == shape else base.reshape(shape)
