@@ -80,26 +80,26 @@ def _trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -
 
 
 def _usable_link(prog: Program, run: Any, ins: tuple[int, ...], outs: tuple[int, ...], operands: list[Any]) -> Link | None:
-    """The step's link where a chain can run it: one result, the source (and residual) computed
+    """The step's link where a chain can run it: one result, the source (and the operand it writes over) computed
     values of the types the primitive was made for, every other operand a constant."""
     link = primitive_chain.link_for(run, operands)
     if link is None or len(outs) != 1 or outs[0] < 0:
         return None
-    computed = [link.src] + ([link.residual] if link.residual is not None else [])
+    computed = [link.src] + ([link.into] if link.into is not None else [])
     for pos, vid in enumerate(ins):
         if (vid < 0 or prog.values[vid].const is not None) == (pos in computed):
             return None  # the chain passes the computed operands only: the others must be the constants the primitive holds
     src = operands[link.src]
     if not isinstance(src, np.ndarray):
         return None
-    site = link.site
-    if site is None:
+    step = link.step
+    if step is None:
         return link
-    if src.dtype != site.op.src_dtype or math.prod(src.shape) == 0:
+    if src.dtype != step.src_dtype or math.prod(src.shape) == 0:
         return None
-    if link.residual is not None:
-        residual = operands[link.residual]
-        if residual.shape != site.shape or residual.dtype != site.op.dst_dtype:
+    if link.into is not None:
+        into = operands[link.into]
+        if into.shape != step.shape or into.dtype != step.dst_dtype:
             return None
     return link
 
@@ -108,16 +108,16 @@ def _produced(link: Link, operands: list[Any], result: Any) -> bool:
     """Whether the step's result is what its link said: the shape, and a handed-through operand's very memory."""
     if not isinstance(result, np.ndarray) or result.shape != link.shape:
         return False
-    if link.site is None:
+    if link.step is None:
         src = operands[link.src]
         return bool(result.flags.c_contiguous and src.flags.c_contiguous and result.ctypes.data == src.ctypes.data
                     and result.dtype == src.dtype)
-    return bool(result.dtype == link.site.op.dst_dtype)
+    return bool(result.dtype == link.step.dst_dtype)
 
 
 @dataclass
 class _Group:
-    """Values in one buffer: a step's residual and its result, a value and what hands it through."""
+    """Values in one buffer: a value and the result written over it (a residual summed into, a kernel working in place), a value and what hands it through."""
 
     values: list[int]
     shape: tuple[int, ...]
@@ -179,7 +179,7 @@ def _take(run: _Run, steps: list[Step], links: list[Link | None], metas: list[li
     _, ins, outs, _, _ = steps[k]
     link = links[k]
     assert link is not None
-    for pos in ([link.src] + ([link.residual] if link.residual is not None else [])):
+    for pos in dict.fromkeys([link.src] + ([link.into] if link.into is not None else [])):
         vid = ins[pos]
         if vid not in run.group_of:
             meta = metas[k][pos]
@@ -189,17 +189,17 @@ def _take(run: _Run, steps: list[Step], links: list[Link | None], metas: list[li
             run.groups.append(group)
             run.group_of[vid] = group
     out = outs[0]
-    if link.site is None:
+    if link.step is None:
         group = run.group_of[ins[link.src]]
-    elif link.residual is not None:
-        group = run.group_of[ins[link.residual]]
+    elif link.into is not None:
+        group = run.group_of[ins[link.into]]
     else:
-        group = _Group([], link.site.shape, link.site.op.dst_dtype, first=k)
+        group = _Group([], link.step.shape, link.step.dst_dtype, first=k)
         run.groups.append(group)
     group.values.append(out)
     run.group_of[out] = group
     run.shapes[out] = link.shape
-    run.primitives += link.site is not None
+    run.primitives += link.step is not None
     run.members.append(k)
 
 
@@ -223,8 +223,8 @@ def _chain_step(prog: Program, steps: list[Step], links: list[Link | None], run:
     for k in run.members:
         link, ins, out = links[k], steps[k][1], steps[k][2][0]
         assert link is not None
-        if link.site is not None:
-            rows.append(Row(link.site, run.group_of[ins[link.src]].buffer, run.group_of[out].buffer))
+        if link.step is not None:
+            rows.append(Row(link.step, run.group_of[ins[link.src]].buffer, run.group_of[out].buffer))
     outputs = [(run.group_of[v].buffer, run.shapes[v]) for v in escaping]
     members = [steps[k] for k in run.members]
     names = [prog.kernels[kid].name for _, _, _, _, kid in members]

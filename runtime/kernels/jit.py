@@ -318,6 +318,10 @@ if numba is not None:
                 acc[ch] *= inv
 
 
+if numba is not None:
+    global_average_into = _global_average_nhwc  # what compiled callers run: x (N, H, W, C) -> out (N, 1, 1, C)
+
+
 def global_average_nhwc(x: np.ndarray) -> np.ndarray:
     """The mean over H and W of a float32 NHWC tensor, in one pass on the calling thread: for a
     classifier's head at a few images, a fraction of a oneDNN pooling call or NumPy's GEMV."""
@@ -401,6 +405,22 @@ if numba is not None:
     @intrinsic
     def c_call4(typingctx: Any, fn: Any, a: Any, b: Any, c: Any, d: Any) -> Any:
         return (_types.int32(fn, a, b, c, d), _c_call_codegen(4)) if _words(fn, a, b, c, d) else None
+
+    def _pointer_codegen(elem: Any) -> Any:
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            ptr = elem.as_pointer()
+            return builder.bitcast(args[0], ptr) if isinstance(signature.args[0], _types.RawPointer) else builder.inttoptr(args[0], ptr)
+        return codegen
+
+    # An address (an int64, or a void pointer) as a typed pointer, for numba's carray: how jitted
+    # code reads parameter blocks and buffers it is handed by address.
+    @intrinsic
+    def int64s_at(typingctx: Any, addr: Any) -> Any:
+        return _types.CPointer(_types.int64)(addr), _pointer_codegen(_ir.IntType(64))
+
+    @intrinsic
+    def float32s_at(typingctx: Any, addr: Any) -> Any:
+        return _types.CPointer(_types.float32)(addr), _pointer_codegen(_ir.FloatType())
 
 
 _EXP_LO, _EXP_HI = np.float32(-87.33654), np.float32(88.72283)  # exp's float32 range: 0 below, inf above

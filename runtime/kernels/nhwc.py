@@ -11,8 +11,8 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import activations, conv_gemm, jit, onednn, parallel
-from .primitive_chain import Link, linkable
+from . import activations, conv_gemm, jit, onednn, parallel, sgemm
+from .primitive_chain import KernelCall, Link, linkable
 from .nn import conv_geometry, geometry_by_input_size, make_epilogue, out_size
 from .registry import BLOCKED_RESULT, OutputShapes, KernelSpec, Run, register, same_as_input
 
@@ -147,7 +147,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             call = bound.get(x.shape) or bind(x.shape)
             if not isinstance(call, onednn.Site):  # an image's channels transposed first
                 return None
-            return Link(call, 0, call.shape, residual=None if residual is None else 3)
+            return Link(call, 0, call.shape, into=None if residual is None else 3)
         if not on_one_pixel:  # float32 (ONNX: x has the weights' dtype), so the GEMM-path weights are never needed
             return linkable(run_onednn, link)
 
@@ -318,6 +318,28 @@ def _nhwc_global_shape(spec: KernelSpec) -> OutputShapes:
 ONE_THREAD_GLOBAL_AVERAGE = 1 << 17
 
 
+_GAP_X, _GAP_OUT, _GAP_N, _GAP_H, _GAP_W, _GAP_C, _GAP_FIELDS = range(7)  # the one-thread global average's parameter block
+
+if sgemm.AVAILABLE:
+    from numba import carray
+
+    def _global_average_member(data):  # compiled into a C callable by sgemm.entry_address
+        q = carray(jit.int64s_at(data), (_GAP_FIELDS,))
+        n, h, w, c = q[_GAP_N], q[_GAP_H], q[_GAP_W], q[_GAP_C]
+        jit.global_average_into(carray(jit.float32s_at(q[_GAP_X]), (n, h, w, c)), carray(jit.float32s_at(q[_GAP_OUT]), (n, 1, 1, c)))
+
+
+def _global_average_call(shape: tuple[int, ...]) -> KernelCall:
+    """jit.global_average_nhwc for float32 inputs of `shape`, as a primitive chain runs it."""
+    n, h, w, c = shape
+
+    def block() -> tuple[np.ndarray, None]:
+        q = np.zeros(_GAP_FIELDS, np.int64)
+        q[[_GAP_N, _GAP_H, _GAP_W, _GAP_C]] = shape
+        return q, None
+    return KernelCall(sgemm.entry_address(_global_average_member), block, _GAP_X, _GAP_OUT, (n, 1, 1, c), team=False)
+
+
 @register(["GlobalAveragePoolNHWC", "GlobalMaxPoolNHWC"], _nhwc_global_shape)
 def global_pool_nhwc(spec: KernelSpec) -> Run:
     average = spec.op == "GlobalAveragePoolNHWC"
@@ -352,7 +374,7 @@ def global_pool_nhwc(spec: KernelSpec) -> Run:
             n, _, _, c = onednn.unblocked_shape(x.shape)
             return Link(fused.bind(x.shape, 1, 1, [0, 0], [0, 0]), 0, (n, 1, 1, c))
         if average and jit.AVAILABLE and x.size <= ONE_THREAD_GLOBAL_AVERAGE:
-            return None
+            return Link(_global_average_call(x.shape), 0, (x.shape[0], 1, 1, x.shape[3])) if sgemm.AVAILABLE else None
         site = fused.bind(x.shape, 1, 1, [0, 0], [0, 0])
         return Link(site, 0, site.shape)
 

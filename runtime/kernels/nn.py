@@ -13,6 +13,7 @@ import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
 from . import activations, jit, onednn, parallel, sgemm
+from .primitive_chain import Link, linkable
 from .reduce import softmax
 from .registry import SOFTMAX_SCALE, OutputShapes, KernelSpec, Run, register
 
@@ -393,7 +394,13 @@ def dense_chain(spec: KernelSpec) -> Run:
             a = layer(a, weights[2 * i], weights[2 * i + 1])[0]
         return (a,) if end is None else end(a)
 
-    return run
+    def link(a: np.ndarray, *_weights: np.ndarray | None) -> Link | None:
+        if chain is None or a.dtype != np.float32 or not sgemm.few_rows(a):
+            return None
+        call = chain.call_for(a.shape)
+        return Link(call, 0, call.shape)
+
+    return linkable(run, link)
 
 
 def _gemm_shape(spec: KernelSpec) -> OutputShapes:

@@ -519,6 +519,14 @@ class Site:
         self.choice = TeamChoice()
         self.made: list[tuple[_Primitive, list[int], np.ndarray | None] | None] = [None, None]  # for the team, for one thread
 
+    @property
+    def src_dtype(self) -> np.dtype:
+        return np.dtype(self.op.src_dtype)
+
+    @property
+    def dst_dtype(self) -> np.dtype:
+        return np.dtype(self.op.dst_dtype)
+
     def primitive(self, serial: bool) -> tuple[_Primitive, list[int], np.ndarray | None]:
         """The primitive for the team (or, `serial`, for one thread), its constant arguments'
         addresses and what keeps them alive; made on first use."""

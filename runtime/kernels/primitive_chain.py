@@ -1,12 +1,13 @@
-"""Runs of oneDNN steps as one compiled call: a chain.
+"""Runs of oneDNN steps (and jitted kernels between them) as one compiled call: a chain.
 
 Why: a plan step costs Python besides its primitive (the kernel's closure, the call site's checks,
 a fresh result array, the team choice's timer), microseconds that a small batch's primitives do
 not hide: MobileNetV2 runs fifty convolutions per image, most of them shorter than a hundred
 microseconds. A plan captures, per input signature, the runs of steps whose kernels say they are
-one primitive for these operands (`Link`) and plans their buffers once (runtime/capture.py); a
-chain runs those primitives from one jitted loop that only points its inputs and results at this
-call's arrays. The primitives are the steps' own, so the results are the same bits.
+one primitive for these operands, or one jitted kernel with a C entry (`Link`), and plans their
+buffers once (runtime/capture.py); a chain runs them from one jitted loop that only points its
+inputs and results at this call's arrays. The primitives and kernels are the steps' own, so the
+results are the same bits.
 
 Memory: the chain's inner values live in an arena, one per concurrent caller (taken and given back
 per call), its results are fresh arrays as every kernel's are. The team choice (omp.TeamChoice) is
@@ -29,16 +30,37 @@ INPUT, RESULT, ARENA = range(3)  # where a chain buffer lives: a caller's array,
 
 
 @dataclass(frozen=True)
-class Link:
-    """What one plan step is for the operands of one call: oneDNN's `site` reading operand `src`
-    into a result of `shape` (the site's shape, or a reshape of it), starting from operand
-    `residual` where the primitive sums into its destination. No site: the step hands operand
-    `src` through as it is (a layout change that is none at this batch)."""
+class KernelCall:
+    """A jitted kernel a chain calls by address: `entry(block)` on the OpenMP team (GOMP_parallel)
+    where `team`, else on the calling thread. `block()` makes one runner's parameter block (int64),
+    with what keeps its scratch alive; before each call the chain writes the source's and the
+    destination's addresses into its fields `src_field` and `dst_field`."""
 
-    site: onednn.Site | None
+    entry: int
+    block: Callable[[], tuple[np.ndarray, Any]]
+    src_field: int
+    dst_field: int
+    shape: tuple[int, ...]  # of the destination
+    team: bool
+    src_dtype: np.dtype = np.dtype(np.float32)
+    dst_dtype: np.dtype = np.dtype(np.float32)
+
+
+Callee = onednn.Site | KernelCall  # what a chain calls for one plan step
+
+
+@dataclass(frozen=True)
+class Link:
+    """What one plan step is for the operands of one call: `step` reading operand `src` into a
+    result of `shape` (the step's destination shape, or a reshape of it). `into`: the operand
+    whose buffer the result takes (a residual the primitive sums into, or the source of a kernel
+    that works in place). No step: the step hands operand `src` through as it is (a layout change
+    that is none at this batch, a reshape)."""
+
+    step: Callee | None
     src: int
     shape: tuple[int, ...]
-    residual: int | None = None
+    into: int | None = None
 
 
 _LINKS: "weakref.WeakKeyDictionary[Callable[..., Any], Callable[..., Link | None]]" = weakref.WeakKeyDictionary()
@@ -70,25 +92,28 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Row:
-    """One primitive of a chain: its site, read from buffer `src` into buffer `dst`."""
+    """One call of a chain: its step, read from buffer `src` into buffer `dst`."""
 
-    site: onednn.Site
+    step: Callee
     src: int
     dst: int
 
 
-HEADER = 4  # a chain's pointer table starts with: set a memory's data pointer, execute, wait, the stream
+HEADER = 5  # a chain's pointer table starts with: set a memory's data pointer, execute, wait, the stream, start a team
+PRIMITIVE, CALL = range(2)  # a table row's kind
 
 
-if jit.AVAILABLE and onednn.AVAILABLE:
-    from numba import literal_unroll
+if jit.AVAILABLE and onednn.AVAILABLE and omp.PARALLEL:
+    from numba import carray, literal_unroll
 
     @jit.njit(cache=True, nogil=True)
     def _run_rows(table, ptrs, inputs, results):
         # ptrs: HEADER, then a pointer per buffer: the inputs', the results' (set here: a jitted
         # call reads an array's address for far less than Python does), then the arena's. Table
-        # rows: primitive, argument count, packed arguments, source memory and the buffer whose
-        # pointer it takes (-1: fixed in the arena), destination memory and its buffer.
+        # rows: PRIMITIVE, primitive, argument count, packed arguments, source memory and the
+        # buffer whose pointer it takes (-1: fixed in the arena), destination memory and its
+        # buffer; or CALL, entry, parameter block, team size (0: the calling thread alone), source
+        # field and buffer, destination field and buffer.
         slot = HEADER
         for x in literal_unroll(inputs):
             ptrs[slot] = x.ctypes.data
@@ -99,15 +124,24 @@ if jit.AVAILABLE and onednn.AVAILABLE:
         set_handle, execute, stream = ptrs[0], ptrs[1], ptrs[3]
         for i in range(table.shape[0]):
             r = table[i]
-            if r[4] >= 0:
-                status = jit.c_call2(set_handle, r[3], ptrs[HEADER + r[4]])
+            if r[0] == CALL:
+                block = carray(jit.int64s_at(r[2]), (max(r[4], r[6]) + 1,))
+                block[r[4]] = ptrs[HEADER + r[5]]
+                block[r[6]] = ptrs[HEADER + r[7]]
+                if r[3] > 0:
+                    jit.c_call4(ptrs[4], r[1], r[2], r[3], 0)
+                else:
+                    jit.c_call1(r[1], r[2])
+                continue
+            if r[5] >= 0:
+                status = jit.c_call2(set_handle, r[4], ptrs[HEADER + r[5]])
                 if status != 0:
                     return status
-            if r[6] >= 0:
-                status = jit.c_call2(set_handle, r[5], ptrs[HEADER + r[6]])
+            if r[7] >= 0:
+                status = jit.c_call2(set_handle, r[6], ptrs[HEADER + r[7]])
                 if status != 0:
                     return status
-            status = jit.c_call4(execute, r[0], stream, r[1], r[2])
+            status = jit.c_call4(execute, r[1], stream, r[2], r[3])
             if status != 0:
                 return status
         return jit.c_call1(ptrs[2], stream)
@@ -126,7 +160,7 @@ class _Arena:
         self.memory = onednn.aligned(max(chain.arena_bytes, 1))
         self.stream = onednn.Stream()
         base = self.memory.ctypes.data
-        self.ptrs = np.array([*onednn.C_FUNCTIONS, self.stream.handle.value or 0]
+        self.ptrs = np.array([*onednn.C_FUNCTIONS, self.stream.handle.value or 0, omp.PARALLEL]
                              + [base + b.index if b.kind == ARENA else 0 for b in chain.buffers], dtype=np.int64)
         self.tables: list[np.ndarray | None] = [None, None]  # for the team, for one thread
         self._kept: list[list[Any]] = [[], []]
@@ -136,17 +170,26 @@ class _Arena:
         if found is not None:
             return found
         chain = self.chain
-        made = [row.site.primitive(serial) for row in chain.rows]
-        scratch_bytes = max(prim.scratch_bytes for prim, _, _ in made)
+        made = [row.step.primitive(serial) if isinstance(row.step, onednn.Site) else None for row in chain.rows]
+        scratch_bytes = max([m[0].scratch_bytes for m in made if m is not None] or [0])
         scratch = onednn.aligned(scratch_bytes) if scratch_bytes else None  # rows run one after another: one scratchpad
         rows = []
-        for row, (prim, consts, _) in zip(chain.rows, made):
+        for row, m in zip(chain.rows, made):
+            step = row.step
+            if isinstance(step, KernelCall):
+                block, keep = step.block()
+                self._kept[serial].append((block, keep))
+                threads = (1 if serial else omp.TEAM) if step.team else 0
+                rows.append([CALL, step.entry, block.ctypes.data, threads, step.src_field, row.src, step.dst_field, row.dst])
+                continue
+            assert m is not None
+            prim, consts, _ = m
             args = onednn.Arguments(prim, [int(self.ptrs[HEADER + row.src]), int(self.ptrs[HEADER + row.dst]), *consts],
                                     scratch if prim.scratch_bytes else None, self.stream)
             self._kept[serial].append(args)
             src_slot = -1 if chain.buffers[row.src].kind == ARENA else row.src
             dst_slot = -1 if chain.buffers[row.dst].kind == ARENA else row.dst
-            rows.append([prim.handle.value or 0, len(args.packed), ctypes.addressof(args.packed),
+            rows.append([PRIMITIVE, prim.handle.value or 0, len(args.packed), ctypes.addressof(args.packed),
                          args.mems[0].value or 0, src_slot, args.mems[1].value or 0, dst_slot])
         self._kept[serial].append(scratch)
         table = self.tables[serial] = np.array(rows, dtype=np.int64)
@@ -166,7 +209,7 @@ class PrimitiveChain:
         order = sorted(range(len(buffers)), key=lambda i: (buffers[i].kind, buffers[i].index if buffers[i].kind == INPUT else i))
         at = {old: new for new, old in enumerate(order)}
         self.buffers = [buffers[i] for i in order]
-        self.rows = [Row(r.site, at[r.src], at[r.dst]) for r in rows]
+        self.rows = [Row(r.step, at[r.src], at[r.dst]) for r in rows]
         self.outputs = [(at[b], shape) for b, shape in outputs]
         self.arena_bytes, self.fallback, self.name = arena_bytes, fallback, name
         self.expect = [(b.shape, b.dtype) for b in self.buffers if b.kind == INPUT]

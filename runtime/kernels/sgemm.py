@@ -21,6 +21,7 @@ layers, the layers' packed panels read through their constant blocks.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, NamedTuple, Sequence
 
 import numpy as np
@@ -28,6 +29,7 @@ import numpy as np
 from . import activations, jit, omp
 from .jit import SCALAR_CLAMP, SCALAR_GELU
 from .omp import TeamChoice
+from .primitive_chain import KernelCall
 
 MR, NR = 4, 16  # a tile: rows x columns (two AVX2 vectors), eight accumulators in flight
 # Up to this many rows (a batch-1 request, a short sequence) this kernel runs a layer where
@@ -69,19 +71,7 @@ if jit.numba is not None:
 
         return tile_type(), codegen
 
-    def _pointer_codegen(elem: Any) -> Any:
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            ptr = elem.as_pointer()
-            return builder.bitcast(args[0], ptr) if isinstance(signature.args[0], types.RawPointer) else builder.inttoptr(args[0], ptr)
-        return codegen
-
-    @intrinsic
-    def int64s_at(typingctx: Any, addr: Any) -> Any:
-        return types.CPointer(types.int64)(addr), _pointer_codegen(ir.IntType(64))
-
-    @intrinsic
-    def float32s_at(typingctx: Any, addr: Any) -> Any:
-        return types.CPointer(types.float32)(addr), _pointer_codegen(ir.FloatType())
+    from .jit import float32s_at, int64s_at
 
     # The tile's first and last steps touch memory through views made from addresses, starting
     # at the tile's first column: an offset index gets numba's wraparound select, which keeps a
@@ -261,7 +251,7 @@ if jit.numba is not None:
         return scratch.shape[0]  # a use after the team's: the scratch lives until the team is done
 
 
-@functools.lru_cache(maxsize=2)
+@functools.lru_cache(maxsize=None)
 def entry_address(member: Any) -> int:
     """A team members' entry point, fn(void *block), compiled on first use."""
     import numba
@@ -390,6 +380,18 @@ class PackedChain:
         scales = np.array([scale], _F32)
         head[[_H_SOFTMAX, _H_SCALE]] = [_NO_SOFTMAX if self.softmax is None else _LOG_SOFTMAX if log else _SOFTMAX, scales.ctypes.data]
         return _Chained(head, packings, scales)
+
+    def call_for(self, shape: tuple[int, ...]) -> KernelCall:
+        """This chain for float32 inputs of `shape` (..., K), as a primitive chain runs it."""
+        m = math.prod(shape[:-1])
+        chained, width = self._chained, self._scratch_width
+
+        def block() -> tuple[np.ndarray, Any]:
+            scratch = np.empty(m * width, np.float32)
+            q = np.zeros(_CHAIN_M + 1, np.int64)
+            q[[_CHAIN_HEAD, _CHAIN_SCRATCH, _CHAIN_M]] = [chained.head.ctypes.data, scratch.ctypes.data, m]
+            return q, (scratch, chained)
+        return KernelCall(int(chained.head[_H_MEMBER]), block, _CHAIN_A, _CHAIN_C, shape[:-1] + (self.n,), team=True)
 
     def __call__(self, a: np.ndarray) -> np.ndarray:
         rows, shape = _rows(a, self.k, self.n, self.name)

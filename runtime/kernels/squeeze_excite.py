@@ -16,6 +16,7 @@ import numpy as np
 
 from . import activations, jit, omp, onednn, sgemm
 from .omp import TeamChoice
+from .primitive_chain import KernelCall, Link, linkable
 from .registry import KernelSpec, Run, register, same_as_input
 
 # The gate's activations as the team kernel computes them (what squeeze-and-excitation blocks
@@ -87,15 +88,15 @@ if jit.AVAILABLE and omp.PARALLEL:
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _share(q, team, me):
         n, hw, c, cr = q[_N], q[_HW], q[_C], q[_CR]
-        x = carray(sgemm.float32s_at(q[_X]), (n, hw, c))
-        out = carray(sgemm.float32s_at(q[_OUT]), (n, hw, c))
-        sums = carray(sgemm.float32s_at(q[_SCRATCH]), (team, n, c))
-        mine = carray(sgemm.float32s_at(q[_SCRATCH] + 4 * team * n * c + 4 * me * (c + cr)), (c + cr,))
-        w1 = carray(sgemm.float32s_at(q[_W1]), (cr, c))
-        b1 = carray(sgemm.float32s_at(q[_B1]), (cr,))
-        w2 = carray(sgemm.float32s_at(q[_W2]), (c, cr))
-        b2 = carray(sgemm.float32s_at(q[_B2]), (c,))
-        bounds = carray(sgemm.float32s_at(q[_BOUNDS]), (4,))
+        x = carray(jit.float32s_at(q[_X]), (n, hw, c))
+        out = carray(jit.float32s_at(q[_OUT]), (n, hw, c))
+        sums = carray(jit.float32s_at(q[_SCRATCH]), (team, n, c))
+        mine = carray(jit.float32s_at(q[_SCRATCH] + 4 * team * n * c + 4 * me * (c + cr)), (c + cr,))
+        w1 = carray(jit.float32s_at(q[_W1]), (cr, c))
+        b1 = carray(jit.float32s_at(q[_B1]), (cr,))
+        w2 = carray(jit.float32s_at(q[_W2]), (c, cr))
+        b2 = carray(jit.float32s_at(q[_B2]), (c,))
+        bounds = carray(jit.float32s_at(q[_BOUNDS]), (4,))
         lo, hi = hw * me // team, hw * (me + 1) // team
         for i in range(n):  # squeeze: this member's rows of each image
             acc = sums[me, i]
@@ -124,7 +125,7 @@ if jit.AVAILABLE and omp.PARALLEL:
                     orow[ch] = row[ch] * gate[ch]
 
     def _member(data):  # compiled into a C callable by sgemm.entry_address
-        q = carray(sgemm.int64s_at(data), (_SIZE,))
+        q = carray(jit.int64s_at(data), (_SIZE,))
         _share(q, jit.c_call0(q[_NUM_THREADS]), jit.c_call0(q[_THREAD_NUM]))
 
     @jit.njit(cache=True, nogil=True)
@@ -162,6 +163,22 @@ class SqueezeExcite:
             self.team_consts = q
         self._choices: dict[tuple[int, ...], TeamChoice] = {}
         self._pool = onednn.Pool2D("pooling_avg_exclude_padding", (), [1, 1], [1, 1], name) if onednn.AVAILABLE else None
+
+    def call_for(self, shape: tuple[int, ...]) -> KernelCall | None:
+        """The team kernel for NHWC inputs of `shape`, as a primitive chain runs it; None where the
+        team kernel does not run (blocked input, a gate activation it has no form for)."""
+        consts = self.team_consts
+        if consts is None or len(shape) != 4 or shape[3] != self.c:
+            return None
+        n, h, w, c = shape
+        cr = self.cr
+
+        def block() -> tuple[np.ndarray, Any]:
+            scratch = np.empty(omp.TEAM * (n * c + c + cr), np.float32)  # for the largest team the chain runs it on
+            q = consts.copy()
+            q[[_N, _HW, _SCRATCH]] = [n, h * w, scratch.ctypes.data]
+            return q, scratch
+        return KernelCall(int(consts[_MEMBER]), block, _X, _OUT, shape, team=True)
 
     def gate(self, means: np.ndarray) -> np.ndarray:
         """(N, C) channel means -> (N, C) gate, on NumPy."""
@@ -213,4 +230,8 @@ def squeeze_excite(spec: KernelSpec) -> Run:
     def run(x: np.ndarray, *_consts: Any) -> tuple[np.ndarray, ...]:
         return (se(x, overwrite),)
 
-    return run
+    def link(x: np.ndarray, *_consts: Any) -> Link | None:
+        call = se.call_for(x.shape)
+        return None if call is None else Link(call, 0, x.shape, into=0 if overwrite else None)
+
+    return linkable(run, link)

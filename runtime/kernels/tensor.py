@@ -1,8 +1,11 @@
 """Host shape-manipulation kernels: views where NumPy allows, copies only where it must."""
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 
+from .primitive_chain import Link, linkable
 from .registry import TRANSPOSE_VIEW, ints, OutputShapes, KernelSpec, Run, norm_axis, register, unknown_outputs
 
 
@@ -31,9 +34,14 @@ def _reshape_shape(spec: KernelSpec) -> OutputShapes:
 def reshape(spec: KernelSpec) -> Run:
     allowzero = spec.attr("allowzero", 0)
     static = ints(spec.const(1))
-    if static is not None and 0 not in static:
-        return lambda x, _s: (x.reshape(static),)
-    return lambda x, s: (x.reshape(_reshape_target(x.shape, ints(s) or [], allowzero)),)
+    fixed = static if static is not None and 0 not in static else None
+
+    def run(x: np.ndarray, s: Any) -> tuple[np.ndarray, ...]:
+        return (x.reshape(fixed if fixed is not None else _reshape_target(x.shape, ints(s) or [], allowzero)),)
+
+    def link(x: np.ndarray, s: Any) -> Link | None:  # a view where x is contiguous (a chain checks it is)
+        return Link(None, 0, run(x, s)[0].shape) if isinstance(x, np.ndarray) else None
+    return linkable(run, link)
 
 
 def _flatten_shape(spec: KernelSpec) -> OutputShapes:

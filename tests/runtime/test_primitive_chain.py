@@ -178,3 +178,48 @@ def test_chains_setting(text: str, enabled: bool) -> None:
 def test_a_wrong_chains_setting_is_named() -> None:
     with pytest.raises(ValueError, match=r"KUBETRT_PRIMITIVE_CHAINS='yes': expected 1 .* or 0"):
         capture.chains_enabled({capture.CHAINS_ENV: "yes"})
+
+
+def se_and_head() -> Any:
+    """conv, a squeeze-and-excitation block (its team kernel), conv, global average (the one-thread
+    kernel), flatten and a dense classifier head with its softmax (the packed dense chain): all of it one chain."""
+    nodes = [node("Conv", ["x", "w0"], ["d0"], pads=[1, 1, 1, 1]), node("Relu", ["d0"], ["d"]),
+             node("GlobalAveragePool", ["d"], ["s"]), node("Conv", ["s", "w1", "b1"], ["r0"]), node("Relu", ["r0"], ["r"]),
+             node("Conv", ["r", "w2", "b2"], ["g0"]), node("Sigmoid", ["g0"], ["g"]), node("Mul", ["d", "g"], ["e"]),
+             node("Conv", ["e", "w3"], ["f"], pads=[1, 1, 1, 1]), node("GlobalAveragePool", ["f"], ["p"]),
+             node("Flatten", ["p"], ["q"]), node("MatMul", ["q", "wd"], ["m"]), node("Add", ["m", "bd"], ["logits"]),
+             node("Softmax", ["logits"], ["probs"], axis=-1)]
+    consts = {"w0": f32(32, 16, 3, 3) * 0.2, "w1": f32(8, 32, 1, 1) * 0.3, "b1": f32(8), "w2": f32(32, 8, 1, 1) * 0.5,
+              "b2": f32(32), "w3": f32(32, 32, 3, 3) * 0.2, "wd": f32(32, 10), "bd": f32(10)}
+    return make_model(nodes, {"x": f32(1, 16, 10, 10)}, ["probs"], consts, dynamic_batch=True)
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_jitted_kernels_between_the_primitives_join_the_chain(batch: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    model = se_and_head()
+    plan = prepared(model)
+    ops = [k.op for k in plan.prog.kernels]
+    assert {"SqueezeExciteNHWC", "GlobalAveragePoolNHWC", "DenseChain"} <= set(ops), ops
+    x = f32(batch, 16, 10, 10)
+    first = plan.run([x])[0]
+    steps = plan.captured_steps([x]) or []
+    assert len(steps) == 2 and isinstance(steps[1][0], PrimitiveChain)  # the input's layout change, then one chain
+    kinds = [type(row.step).__name__ for row in steps[1][0].rows]
+    assert kinds == ["Site", "KernelCall", "Site", "KernelCall", "KernelCall"], kinds  # the flatten hands its input through
+    calls = site_calls(monkeypatch)
+    for _ in range(2):
+        x2 = f32(batch, 16, 10, 10)
+        got = plan.run([x2])[0]
+        np.testing.assert_allclose(got, run_ort(model, {"x": x2})[0], rtol=1e-4, atol=1e-4)
+    assert calls == []
+    np.testing.assert_array_equal(plan.run([x])[0], first)
+
+
+def test_a_chain_with_kernel_calls_on_one_thread_keeps_the_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = se_and_head()
+    plan = prepared(model)
+    x = f32(2, 16, 10, 10)
+    plan.run([x])
+    monkeypatch.setattr(omp.TeamChoice, "pick", lambda self: True)
+    # a sum split over fewer threads adds in another order: onnxruntime's tolerance, not the team's bits
+    np.testing.assert_allclose(plan.run([x])[0], run_ort(model, {"x": x})[0], rtol=1e-4, atol=1e-6)
