@@ -2,11 +2,10 @@
 
 The first call of a sequential plan with a new input signature runs step by step and asks each
 kernel what it is for its operands (kernels/primitive_chain.Link). Runs of steps that are one
-primitive each, two primitives or more, become a PrimitiveChain whose inner values live in planned
-buffers; the plan for later calls with that signature is generated from the new steps. A value a
-step sums into in place shares its buffer with the result, as in the memory plan, but only where
-nothing reads it later: a handed-through value is the same memory under another name, which the
-program's alias sets do not know about.
+primitive or one jitted kernel each, with two primitives or more, become a PrimitiveChain whose
+inner values live in planned buffers; the plan for later calls with that signature is generated
+from the new steps. Where a step may overwrite an operand is the memory plan's decision
+(program.py), which a kernel's link follows: the result then shares that operand's buffer.
 """
 from __future__ import annotations
 
@@ -40,6 +39,13 @@ def chains_enabled(env: Mapping[str, str]) -> bool:
 ENABLED = chains_enabled(os.environ)
 
 
+def may_chain(steps: list[Step]) -> bool:
+    """Whether any two consecutive steps have kernels that may join a chain: where none do, a plan
+    need not even compute its calls' signatures."""
+    linkable = [primitive_chain.has_link(run) for run, *_ in steps]
+    return any(a and b for a, b in zip(linkable, linkable[1:]))
+
+
 def capture(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -> tuple[list[Any], list[Step] | None]:
     """Run the plan's steps on `feeds` (this call's results) and return them with the steps of the
     plan for this signature: None where no chain forms."""
@@ -62,8 +68,8 @@ def _trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -
 
     for run, ins, outs, frees, kid in steps:
         operands = [operand(v) for v in ins]
-        link = _usable_link(prog, run, ins, outs, operands)
         try:
+            link = _usable_link(prog, run, ins, outs, operands)
             results = run(*operands)
         except Exception as e:
             raise failed(prog, kid, e) from e
@@ -80,8 +86,8 @@ def _trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -
 
 
 def _usable_link(prog: Program, run: Any, ins: tuple[int, ...], outs: tuple[int, ...], operands: list[Any]) -> Link | None:
-    """The step's link where a chain can run it: one result, the source (and the operand it writes over) computed
-    values of the types the primitive was made for, every other operand a constant."""
+    """The step's link where a chain can run it: one result; the source (and the operand it writes
+    over) computed values of the types the call was made for; every other operand a constant."""
     link = primitive_chain.link_for(run, operands)
     if link is None or len(outs) != 1 or outs[0] < 0:
         return None
@@ -117,7 +123,8 @@ def _produced(link: Link, operands: list[Any], result: Any) -> bool:
 
 @dataclass
 class _Group:
-    """Values in one buffer: a value and the result written over it (a residual summed into, a kernel working in place), a value and what hands it through."""
+    """Values in one buffer: a value and the result written over it (a residual summed into, a
+    kernel working in place), a value and what hands it through."""
 
     values: list[int]
     shape: tuple[int, ...]

@@ -97,15 +97,17 @@ class SequentialPlan:
         self._compiled: tuple[list[Step], Callable[..., list[np.ndarray]]] | None = None
         # per input signature: the captured steps (None: no chain formed) and the function generated from them
         self._captured: dict[tuple[Any, ...], tuple[list[Step] | None, Callable[..., list[np.ndarray]]]] = {}
+        self._capturing = False  # whether calls are captured: set with the generated function
 
     def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         compiled = self._compiled
         if compiled is None or compiled[0] is not self.steps:
             compiled = self._compiled = (self.steps, _generate(self.prog, self.steps))
             self._captured = {}
+            self._capturing = capture.ENABLED and capture.may_chain(self.steps)
         if len(feeds) != len(self.inputs):
             raise ValueError(f"expected {len(self.inputs)} inputs, got {len(feeds)}")
-        if not capture.ENABLED:
+        if not self._capturing:
             return compiled[1](*feeds)
         try:
             signature = tuple((x.shape, x.dtype) for x in feeds)

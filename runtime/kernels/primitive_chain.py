@@ -73,6 +73,10 @@ def linkable(run: Run, link: Callable[..., Link | None]) -> Run:
     return run
 
 
+def has_link(run: Callable[..., Any]) -> bool:
+    return run in _LINKS
+
+
 def link_for(run: Callable[..., Any], operands: list[Any]) -> Link | None:
     link = _LINKS.get(run)
     return None if link is None else link(*operands)

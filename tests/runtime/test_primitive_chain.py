@@ -223,3 +223,14 @@ def test_a_chain_with_kernel_calls_on_one_thread_keeps_the_results(monkeypatch: 
     monkeypatch.setattr(omp.TeamChoice, "pick", lambda self: True)
     # a sum split over fewer threads adds in another order: onnxruntime's tolerance, not the team's bits
     np.testing.assert_allclose(plan.run([x])[0], run_ort(model, {"x": x})[0], rtol=1e-4, atol=1e-6)
+
+
+def test_a_plan_no_chain_can_form_in_never_captures() -> None:
+    # a dense head alone: one step that may join a chain, none beside it, so no signature is even computed
+    nodes = [node("MatMul", ["x", "w"], ["m"]), node("Relu", ["m"], ["y"])]
+    model = make_model(nodes, {"x": f32(1, 32)}, ["y"], {"w": f32(32, 16)}, dynamic_batch=True)
+    plan = prepared(model)
+    for batch in (1, 2):
+        x = f32(batch, 32)
+        np.testing.assert_allclose(plan.run([x])[0], run_ort(model, {"x": x})[0], rtol=1e-4, atol=1e-4)
+    assert plan._captured == {}
