@@ -58,16 +58,11 @@ Meta = tuple[tuple[int, ...], np.dtype] | None  # an operand's shape and dtype a
 
 
 def _trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -> tuple[list[Any], list[Link | None], list[list[Meta]]]:
-    values = prog.values
     env: dict[int, Any] = dict(zip(prog.inputs, feeds))
     links: list[Link | None] = []
     metas: list[list[Meta]] = []
-
-    def operand(vid: int) -> Any:
-        return None if vid < 0 else env[vid] if vid in env else values[vid].const
-
     for run, ins, outs, frees, kid in steps:
-        operands = [operand(v) for v in ins]
+        operands = _operands(prog, env, ins)
         try:
             link = _usable_link(prog, run, ins, outs, operands)
             results = run(*operands)
@@ -82,7 +77,12 @@ def _trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -
                 env[v] = r
         for v in frees:
             env.pop(v, None)
-    return [operand(v) for v in prog.outputs], links, metas
+    return _operands(prog, env, prog.outputs), links, metas
+
+
+def _operands(prog: Program, env: dict[int, Any], vids: Any) -> list[Any]:
+    """The values of `vids`: computed ones from `env`, constants from the program, None for omitted ones."""
+    return [None if v < 0 else env[v] if v in env else prog.values[v].const for v in vids]
 
 
 def _usable_link(prog: Program, run: Any, ins: tuple[int, ...], outs: tuple[int, ...], operands: list[Any]) -> Link | None:
@@ -249,7 +249,7 @@ def _place(run: _Run) -> int:
     size = 0
     for k in run.members:
         for group in run.groups:
-            if group.first == k and group.external is None and not group.escapes and group.offset < 0:
+            if group.first == k and group.external is None and not group.escapes:
                 nbytes = -(-math.prod(group.shape) * group.dtype.itemsize // ALIGN) * ALIGN
                 offset = 0
                 for start, taken, _ in live:
@@ -266,12 +266,10 @@ def _place(run: _Run) -> int:
 
 def _fallback(prog: Program, members: list[Step], inputs: list[int], outputs: list[int]) -> Callable[..., tuple[Any, ...]]:
     """The steps a chain replaced, run one by one: for inputs of other shapes than captured."""
-    consts = {v.id: v.const for v in prog.values if v.const is not None}
-
     def run_steps(*xs: Any) -> tuple[Any, ...]:
         env: dict[int, Any] = dict(zip(inputs, xs))
         for run, ins, outs, _, _ in members:
-            results = run(*[None if v < 0 else env[v] if v in env else consts[v] for v in ins])
+            results = run(*_operands(prog, env, ins))
             env.update((v, r) for v, r in zip(outs, results) if v >= 0)
         return tuple(env[v] for v in outputs)
     return run_steps

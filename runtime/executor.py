@@ -110,7 +110,7 @@ class SequentialPlan:
         if not self._capturing:
             return compiled[1](*feeds)
         try:
-            signature = tuple((x.shape, x.dtype) for x in feeds)
+            signature = _signature(feeds)
         except AttributeError:  # not arrays: the kernels say what is wrong
             return compiled[1](*feeds)
         captured = self._captured.get(signature)
@@ -125,8 +125,13 @@ class SequentialPlan:
     def captured_steps(self, feeds: list[np.ndarray]) -> list[Step] | None:
         """The steps later calls with these feeds' signature run, once a call has captured them;
         None where no chain formed (or none was captured)."""
-        captured = self._captured.get(tuple((x.shape, x.dtype) for x in feeds))
+        captured = self._captured.get(_signature(feeds))
         return None if captured is None else captured[0]
+
+
+def _signature(feeds: list[np.ndarray]) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
+    """What a captured plan is kept for: the inputs' shapes and dtypes."""
+    return tuple((x.shape, x.dtype) for x in feeds)
 
 
 def _generate(prog: Program, steps: list[Step]) -> Callable[..., list[np.ndarray]]:

@@ -124,6 +124,11 @@ if jit.AVAILABLE and omp.PARALLEL:
                 for ch in range(c):
                     orow[ch] = row[ch] * gate[ch]
 
+    @jit.njit(cache=True)
+    def _scratch_floats(team, n, c, cr):
+        # every member's channel sums of every image, then its own means and hidden values
+        return team * (n * c + c + cr)
+
     def _member(data):  # compiled into a C callable by sgemm.entry_address
         q = carray(jit.int64s_at(data), (_SIZE,))
         _share(q, jit.c_call0(q[_NUM_THREADS]), jit.c_call0(q[_THREAD_NUM]))
@@ -132,7 +137,7 @@ if jit.AVAILABLE and omp.PARALLEL:
     def _run(consts, x, out, threads):
         q = consts.copy()
         n, hw, c = x.shape
-        scratch = np.empty(threads * (n * c + c + q[_CR]), np.float32)
+        scratch = np.empty(_scratch_floats(threads, n, c, q[_CR]), np.float32)
         q[_X], q[_OUT], q[_N], q[_HW], q[_SCRATCH] = x.ctypes.data, out.ctypes.data, n, hw, scratch.ctypes.data
         jit.c_call4(q[_PARALLEL], q[_MEMBER], q.ctypes.data, threads, 0)
         return scratch.shape[0]  # a use after the team's: the scratch lives until the team is done
@@ -174,7 +179,7 @@ class SqueezeExcite:
         cr = self.cr
 
         def block() -> tuple[np.ndarray, Any]:
-            scratch = np.empty(omp.TEAM * (n * c + c + cr), np.float32)  # for the largest team the chain runs it on
+            scratch = np.empty(_scratch_floats(omp.TEAM, n, c, cr), np.float32)  # for the largest team the chain runs it on
             q = consts.copy()
             q[[_N, _HW, _SCRATCH]] = [n, h * w, scratch.ctypes.data]
             return q, scratch

@@ -23,19 +23,6 @@ def f32(*shape: int) -> np.ndarray:
     return rng.standard_normal(shape).astype(np.float32)
 
 
-@pytest.fixture
-def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, ...]]]:
-    """Records (op kind, input shape) of every convolution, matmul and pooling oneDNN ran."""
-    calls: list[tuple[str, tuple[int, ...]]] = []
-    real = onednn.Site.__call__
-
-    def spy(self: onednn.Site, x, *a, **k):  # type: ignore[no-untyped-def]
-        calls.append((self.op.kind, x.shape))
-        return real(self, x, *a, **k)
-    monkeypatch.setattr(onednn.Site, "__call__", spy)
-    return calls
-
-
 def assert_same_as_ort(model, feeds, executors=("sequential", "dataflow")) -> None:  # type: ignore[no-untyped-def]
     ref = run_ort(model, feeds)
     for executor in executors:
