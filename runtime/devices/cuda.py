@@ -34,13 +34,19 @@ from ..kernels.activations import cuda_expr
 from ..kernels.registry import KernelDef, lookup, op_def
 from ..passes.shape_inference import spec_for
 from ..program import compile_graph
-from ..target import Target
+from ..target import Target, TargetError
 from ..timing import median_seconds
 from . import NodeIdentity
+from .cuda_native import MATH_MODES
 
 TUNING_FILE = "cuda_tuning.json"
 CUPY_MISSING = "cupy is not installed (pip install kubetrt[gpu])"
 DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
+
+
+def batch_bucket(rows: int) -> int:
+    """The batch size whose captured graph serves `rows`: the next power of two."""
+    return 1 << max(rows - 1, 0).bit_length()
 
 
 class CaptureUnsafe(RuntimeError):
@@ -219,6 +225,12 @@ class NumpyStandIn:
     def fused_epilogue(self) -> Callable[..., Any] | None:
         return None
 
+    def gemm(self, math_mode: str) -> Callable[[Any, Any], Any] | None:
+        return None
+
+    def native(self) -> Any:
+        return None
+
     def synchronize(self) -> None:
         return None
 
@@ -231,6 +243,8 @@ class CupyBackend:
 
     def __init__(self) -> None:
         self._cp: Any = None
+        self._cublas: dict[str, Any] = {}
+        self._native: Any = None
 
     @property
     def xp(self) -> Any:
@@ -275,6 +289,21 @@ class CupyBackend:
     def synchronize(self) -> None:
         self.xp.cuda.get_current_stream().synchronize()
 
+    def gemm(self, math_mode: str) -> Callable[[Any, Any], Any]:
+        """cuBLAS on a handle per stream, which CUDA Graph capture may record (CuPy's may not)."""
+        from .cuda_native import Cublas
+
+        if math_mode not in self._cublas:
+            self._cublas[math_mode] = Cublas(self.xp, math_mode)
+        return self._cublas[math_mode].matmul
+
+    def native(self) -> Any:
+        from .cuda_native import NativeKernels
+
+        if self._native is None:
+            self._native = NativeKernels(self.xp)
+        return self._native
+
     def fused_epilogue(self) -> Callable[..., Any]:
         cp = self.xp
         cache: dict[str, Any] = {}
@@ -310,13 +339,21 @@ class CupyBackend:
             bufs = [cp.empty(f.shape, f.dtype) for f in feeds]
             for b, f in zip(bufs, feeds):
                 b[...] = cp.asarray(f)
-            plan.run_device(bufs)  # cuBLAS workspace, pool blocks, cached uploads
+            plan.run_device(bufs)  # cuBLAS handles and workspaces, pool blocks, cached uploads, compiled kernels
             stream.synchronize()
             stream.begin_capture()
+            failure: Exception | None = None
             try:
                 outs = plan.run_device(bufs, capturing=True)
-            finally:
+            except Exception as e:  # anything the capture refuses: this signature runs eagerly
+                failure = e
+            try:
                 graph = stream.end_capture()
+            except Exception as e:
+                failure = failure or e
+            if failure is not None:
+                stream.synchronize()
+                raise CaptureUnsafe(f"{type(failure).__name__}: {failure}") from failure
         return _Captured(graph, bufs, outs, pool)
 
 
@@ -348,7 +385,22 @@ class CudaExecutable:
         for _ in range(max(1, contexts)):
             self._pool.put(_Context(backend.new_stream()))
         self.stats = {"captures": 0, "replays": 0, "eager_runs": 0}
+        self.capture_failures: dict[tuple[Any, ...], str] = {}  # input signature -> why it runs eagerly
+        # rows are independent where every input and output has a dynamic leading (batch) dimension
+        ends = [plan.prog.values[v] for v in (*plan.prog.inputs, *plan.prog.outputs)]
+        self.batch_rows = all(v.shape is not None and len(v.shape) > 0 and v.shape[0] == -1 for v in ends)
         self._stats_lock = threading.Lock()
+
+    def _rows(self, feeds: list[np.ndarray]) -> int | None:
+        """The batch to pad up to its bucket, or None: graphs are captured per bucket of batch sizes
+        (as TensorRT profiles are), not per size, so a batching server does not capture up to
+        max-batch-size graphs per context, each holding its own memory."""
+        if not (self.cuda_graphs and self.batch_rows and feeds) or any(f.ndim == 0 for f in feeds):
+            return None
+        rows = feeds[0].shape[0]
+        if rows == 0 or any(f.shape[0] != rows for f in feeds) or batch_bucket(rows) == rows:
+            return None
+        return int(rows)
 
     def _count(self, key: str) -> None:
         with self._stats_lock:
@@ -358,6 +410,10 @@ class CudaExecutable:
         ctx = self._pool.get()
         try:
             with self.backend.on(ctx.stream):
+                rows = self._rows(feeds)
+                if rows is not None:  # replay the graph of the bucket, on zero-padded rows
+                    feeds = [np.concatenate([f, np.zeros((batch_bucket(rows) - rows, *f.shape[1:]), f.dtype)])
+                             for f in feeds]
                 key = tuple((f.shape, f.dtype.str) for f in feeds)
                 cap = self._graph_for(ctx, key, feeds) if self.cuda_graphs else None
                 if cap is not None:
@@ -365,11 +421,11 @@ class CudaExecutable:
                         buf.set(f)
                     cap.graph.launch(ctx.stream)
                     self._count("replays")
-                    return [self.backend.to_host(o) for o in cap.outputs]
+                    return [self.backend.to_host(o if rows is None else o[:rows]) for o in cap.outputs]
                 xp = self.backend.xp
                 outs = self.plan.run_device([xp.asarray(f) for f in feeds])
                 self._count("eager_runs")
-                return [self.backend.to_host(o) for o in outs]
+                return [self.backend.to_host(o if rows is None else o[:rows]) for o in outs]
         finally:
             self._pool.put(ctx)
 
@@ -404,8 +460,9 @@ class CudaExecutable:
             try:
                 cap = ctx.graphs[key] = self.backend.capture(ctx.stream, self.plan, feeds)
                 self._count("captures")
-            except CaptureUnsafe:
+            except CaptureUnsafe as e:
                 ctx.eager.add(key)
+                self.capture_failures[key] = str(e)
         return cap
 
 
@@ -415,9 +472,10 @@ class CudaExecutable:
 class Choice:
     conv_algo: str
     cuda_graphs: bool
+    math: str = "default"
 
     def label(self) -> str:
-        return f"{self.conv_algo}{'+graphs' if self.cuda_graphs else ''}"
+        return f"{self.conv_algo}{'+graphs' if self.cuda_graphs else ''}{'+' + self.math if self.math != 'default' else ''}"
 
 
 class CudaRuntime:
@@ -433,12 +491,16 @@ class CudaRuntime:
         self.check_available()
         return self.backend.identity()
 
-    def build_plan(self, graph: Graph, precision: str = "fp32", conv_algo: str = "im2col") -> DevicePlan:
+    def build_plan(self, graph: Graph, precision: str = "fp32", conv_algo: str = "im2col",
+                   math: str = "default") -> DevicePlan:
         if precision not in DTYPES:
             raise ValueError(f"cuda runtime precision {precision!r}: expected fp32 or fp16 (int8 needs TensorRT)")
         if conv_algo not in ck.CONV_ALGOS:
             raise ValueError(f"conv algorithm {conv_algo!r}: expected one of {', '.join(ck.CONV_ALGOS)}")
-        ctx = ck.DeviceContext(self.backend.xp, DTYPES[precision], conv_algo, self.backend.fused_epilogue())
+        if math not in MATH_MODES:
+            raise ValueError(f"cuda math mode {math!r}: expected one of {', '.join(MATH_MODES)}")
+        ctx = ck.DeviceContext(self.backend.xp, DTYPES[precision], conv_algo, self.backend.fused_epilogue(),
+                               self.backend.gemm(math), self.backend.native())
         return DevicePlan(graph, ctx, self.backend.to_host)
 
     def prepare(self, graph: Graph, options: dict[str, Any]) -> CudaExecutable:
@@ -447,13 +509,25 @@ class CudaRuntime:
         opts = dict(options)
         engine_dir = opts.get("engine_dir")
         if engine_dir and (Path(engine_dir) / TUNING_FILE).is_file():
-            opts.update(json.loads((Path(engine_dir) / TUNING_FILE).read_text())["choice"])
-        plan = self.build_plan(graph, opts.get("precision", "fp32"), opts.get("conv_algo", "im2col"))
+            opts.update(self._tuning_for_this_gpu(Path(engine_dir) / TUNING_FILE)["choice"])
+        plan = self.build_plan(graph, opts.get("precision", "fp32"), opts.get("conv_algo", "im2col"),
+                               opts.get("math", "default"))
         return CudaExecutable(plan, self.backend, bool(opts.get("cuda_graphs", True)), int(opts.get("contexts", 2)))
 
-    def candidates(self) -> list[Choice]:
+    def _tuning_for_this_gpu(self, path: Path) -> dict[str, Any]:
+        """The tuning record, refused where it was measured on another GPU product (as a TensorRT
+        timing cache is): its choices are only known to be fastest and accurate there."""
+        tuning: dict[str, Any] = json.loads(path.read_text())
+        recorded, here = tuning.get("gpu_product"), self.identity().gpu_product
+        if recorded is not None and recorded != here:
+            raise TargetError(f"{path}: tuned on {recorded}, and this node's GPU is {here}; "
+                              "rebuild the engine on this GPU type")
+        return tuning
+
+    def candidates(self, precision: str = "fp32") -> list[Choice]:
         graphs = (True, False) if self.backend.can_capture else (False,)
-        return [Choice(a, g) for a in ck.CONV_ALGOS for g in graphs]
+        maths = MATH_MODES if precision == "fp32" and self.backend.can_capture else ("default",)
+        return [Choice(a, g, m) for a in ck.CONV_ALGOS for g in graphs for m in maths]
 
     def tune(self, graph: Graph, target: Target, golden: dict[int, Any], repeats: int = 10) -> dict[str, Any]:
         """Time every candidate on this GPU at the largest golden batch; keep the fastest one whose
@@ -469,9 +543,10 @@ class CudaRuntime:
         names = [o.name for o in graph.outputs]
         report: dict[str, Any] = {}
         best: tuple[float, Choice] | None = None
-        for choice in self.candidates():
+        for choice in self.candidates(precision):
             exe = self.prepare(copy.deepcopy(graph), {"precision": precision, "conv_algo": choice.conv_algo,
-                                                      "cuda_graphs": choice.cuda_graphs, "contexts": 1})
+                                                      "cuda_graphs": choice.cuda_graphs, "math": choice.math,
+                                                      "contexts": 1})
             checks = [compare(dict(zip(names, exe.run([ins[v.name] for v in graph.inputs]))), outs, tol)
                       for _, (ins, outs) in sorted(golden.items())]
             feeds = [golden[batch][0][v.name] for v in graph.inputs]
@@ -484,8 +559,12 @@ class CudaRuntime:
         if best is None:
             raise KernelError(f"no cuda configuration matches the golden outputs within {tol.describe()}: {report}")
         choice = best[1]
-        chosen = {"precision": precision, "conv_algo": choice.conv_algo, "cuda_graphs": choice.cuda_graphs, "contexts": 2}
-        tuning = {"choice": chosen, "tuned_batch": batch, "candidates": report, "device": self.backend.name}
+        chosen = {"precision": precision, "conv_algo": choice.conv_algo, "cuda_graphs": choice.cuda_graphs,
+                  "math": choice.math, "contexts": 2}
+        ident = self.identity()
+        tuning = {"choice": chosen, "tuned_batch": batch, "candidates": report, "device": self.backend.name,
+                  "gpu_product": ident.gpu_product, "compute_capability": ident.compute_capability,
+                  "backend_version": ident.backend_version}
         return {**chosen, "tuned_batch": batch, "candidates": report,
                 "_files": {TUNING_FILE: (json.dumps(tuning, indent=2, sort_keys=True) + "\n").encode()}}
 

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .activations import UNARY_OPS, bind
+from .activations import UNARY_OPS, bind, cuda_expr
 from .activations import epilogue as activation_epilogue
 from .elementwise import clip_at_run_time, clip_bounds
 from .nn import conv_geometry, out_size, pool_attrs, pool_counts, pool_geometry
@@ -40,7 +40,12 @@ class DeviceContext:
     compute_dtype: np.dtype = np.dtype(np.float32)
     conv_algo: str = "im2col"
     fused_epilogue: Callable[..., Any] | None = None  # GPU: ElementwiseKernel builder (see devices/cuda.py)
+    gemm: Callable[[Any, Any], Any] | None = None  # GPU: cuBLAS that a CUDA Graph may record (devices/cuda_native.py)
+    native: Any = None  # GPU: one-launch convolution, gather and pool kernels (devices/cuda_native.py)
     stats: dict[str, int] = field(default_factory=dict)
+
+    def matmul(self, a: Any, b: Any) -> Any:
+        return self.gemm(a, b) if self.gemm is not None else self.xp.matmul(a, b)
 
     def upload(self, x: Any) -> Any:
         """Host array -> device, float tensors in the compute dtype (fp16 runs stay fp16)."""
@@ -102,13 +107,14 @@ def _tap(xp: Any, x: Any, i: int, j: int, strides: list[int], dil: list[int], oh
 
 @register_device(("Conv", "FusedConv"), DEVICE, own_consts=frozenset({1, 2}))
 def conv(spec: KernelSpec) -> Run:
-    ctx = _ctx(spec)
-    """NCHW convolution as GEMMs (cuBLAS via xp.matmul); FusedConv adds bias/residual/activation.
+    """NCHW convolution as GEMMs (cuBLAS); FusedConv adds bias/residual/activation.
 
     Algorithms for dense k>1 convolutions, chosen per GPU type by tuning: `im2col` gathers all
     taps into one (C*kh*kw, OH*OW) matrix and runs one large GEMM; `shifted` runs one GEMM per
-    tap over a strided view and accumulates, trading GEMM size for no im2col buffer.
+    tap over a strided view and accumulates, trading GEMM size for no im2col buffer. On a GPU,
+    depthwise convolutions (epilogue included) and the im2col gather are one launch each.
     """
+    ctx = _ctx(spec)
     xp = ctx.xp
     group = spec.attr("group", 1)
     w = ctx.const(spec, 1)
@@ -121,6 +127,8 @@ def conv(spec: KernelSpec) -> Run:
     bias = None if bias is None else bias.reshape(1, -1, 1, 1)
     finish = epilogue(spec, ctx)
     algo = ctx.conv_algo
+    native = ctx.native
+    act_c = cuda_expr(spec.attrs.get("activation"))
 
     def run(x: Any, _w: Any = None, _b: Any = None, residual: Any = None) -> tuple[Any, ...]:
         n, c, h, wd = x.shape
@@ -129,11 +137,23 @@ def conv(spec: KernelSpec) -> Run:
         ow = out_size(wd, kw, strides[1], dil[1], b[1], e[1])
         if c != cg * group:
             raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
+        depthwise = group == c and o == c and cg == 1
         if group == 1 and kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e):
-            y = xp.matmul(w2, x.reshape(n, c, h * wd))
+            y = ctx.matmul(w2, x.reshape(n, c, h * wd))
+        elif native is not None and depthwise and act_c is not None:  # one launch, epilogue included
+            bias_now = bias if bias is not None else _b
+            y = native.depthwise(x, w, bias_now, residual, act_c, oh, ow, strides, b, dil)
+            return (y,)
+        elif native is not None and algo == "im2col" and (group == 1 or n == 1):
+            cols = native.im2col(x, kh, kw, oh, ow, strides, b, dil)  # (N, C*kh*kw, P), channel-major like w
+            if group == 1:
+                y = ctx.matmul(w2, cols)
+            else:
+                y = ctx.matmul(w2.reshape(group, o // group, cg * kh * kw), cols.reshape(group, cg * kh * kw, oh * ow))
+            y = y.reshape(n, o, oh * ow)
         else:
             xpad = _pad(xp, x, b, e)
-            if group == c and o == c and cg == 1:  # depthwise: per-channel scaled taps
+            if depthwise:  # per-channel scaled taps
                 y = xp.zeros((n, c, oh, ow), dtype=x.dtype)
                 for i in range(kh):
                     for j in range(kw):
@@ -144,14 +164,16 @@ def conv(spec: KernelSpec) -> Run:
                 for i in range(kh):
                     for j in range(kw):
                         t = xp.ascontiguousarray(_tap(xp, xpad, i, j, strides, dil, oh, ow)).reshape(n, c, oh * ow)
-                        p = xp.matmul(w_taps[i][j], t)
+                        p = ctx.matmul(w_taps[i][j], t)
                         y = p if y is None else y + p
             else:
                 cols = xp.stack([_tap(xp, xpad, i, j, strides, dil, oh, ow) for i in range(kh) for j in range(kw)], axis=2)
                 cols = cols.reshape(n, group, cg * kh * kw, oh * ow)  # (N, G, Cg*kh*kw, P): channel-major like w
                 og = o // group
-                y = xp.matmul(w2.reshape(group, og, cg * kh * kw), cols).reshape(n, o, oh * ow)
+                y = ctx.matmul(w2.reshape(group, og, cg * kh * kw), cols).reshape(n, o, oh * ow)
         y = y.reshape(n, o, oh, ow)
+        if native is not None and act_c is not None and y.flags.c_contiguous:  # one pass, no broadcast indexing
+            return (native.bias_act(y, bias if bias is not None else _b, residual, act_c),)
         return (finish(y, bias if bias is not None or _b is None else _b.reshape(1, -1, 1, 1), residual),)
 
     ctx.stats[f"conv_{algo}"] = ctx.stats.get(f"conv_{algo}", 0) + 1
@@ -167,7 +189,9 @@ def pool(spec: KernelSpec) -> Run:
     def run(x: Any) -> tuple[Any, ...]:
         n, c, h, wd = x.shape
         geo = pool_geometry(spec, k, h, wd, ceil)
-        strides, dil, b, _e, tail, oh, ow = geo
+        strides, dil, b, e, tail, oh, ow = geo
+        if ctx.native is not None:
+            return (ctx.native.pool(x, k, oh, ow, strides, b, e, dil, is_max, include_pad),)
         xpad = _pad(xp, x, b, tail, -np.inf if is_max else 0.0)
         taps = [_tap(xp, xpad, i, j, strides, dil, oh, ow) for i in range(k[0]) for j in range(k[1])]
         out = taps[0].copy()
@@ -207,9 +231,9 @@ def matmul(spec: KernelSpec) -> Run:
     def run(a: Any, b: Any, _bias: Any = None, residual: Any = None) -> tuple[Any, ...]:
         bb = b_const if b_const is not None else b
         if a.ndim > 2 and bb.ndim == 2:  # one GEMM over all leading dims
-            y = xp.matmul(a.reshape(-1, a.shape[-1]), bb).reshape(a.shape[:-1] + (bb.shape[-1],))
+            y = ctx.matmul(a.reshape(-1, a.shape[-1]), bb).reshape(a.shape[:-1] + (bb.shape[-1],))
         else:
-            y = xp.matmul(a, bb)
+            y = ctx.matmul(a, bb)
         return (finish(y, bias if bias is not None else _bias, residual),)
 
     return run
@@ -217,12 +241,12 @@ def matmul(spec: KernelSpec) -> Run:
 
 @register_device("Gemm", DEVICE)
 def gemm(spec: KernelSpec) -> Run:
-    xp = _ctx(spec).xp
+    ctx = _ctx(spec)
     alpha, beta = float(spec.attr("alpha", 1.0)), float(spec.attr("beta", 1.0))
     ta, tb = spec.attr("transA", 0), spec.attr("transB", 0)
 
     def run(a: Any, b: Any, c: Any = None) -> tuple[Any, ...]:
-        y = xp.matmul(a.T if ta else a, b.T if tb else b)
+        y = ctx.matmul(a.T if ta else a, b.T if tb else b)
         if alpha != 1.0:
             y = y * y.dtype.type(alpha)
         if c is not None:

@@ -203,3 +203,8 @@ def test_cuda_pool_numpy_stand_in_matches_onnxruntime(case) -> None:  # type: ig
     expected = run_ort(make_model([node(op, ["x"], **attrs)], {"x": x}, ["y"]), {"x": x})[0]
     got = ops.call(op, x, device="cuda", ctx=ck.DeviceContext(xp=np), **attrs)
     np.testing.assert_allclose(got, expected, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("rows,bucket", [(1, 1), (2, 2), (3, 4), (33, 64), (64, 64), (65, 128)])
+def test_cuda_graph_batch_bucket_is_the_next_power_of_two(rows: int, bucket: int) -> None:
+    assert cuda.batch_bucket(rows) == bucket
