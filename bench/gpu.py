@@ -1,91 +1,154 @@
-"""Benchmark: the cuda runtime on the Keras ResNet50 package vs PyTorch eager on torchvision's
-resnet50 (random weights), batch 1 and 64, fp32 and fp16, device-resident inputs and outputs,
-timed with CUDA events after warm-up.
+"""Benchmark: the cuda runtime vs PyTorch eager and torch.compile on the same GPU, side by side in
+one run: ResNet-50 and MobileNetV2, batch 1 and 64, fp32 and fp16, device-resident inputs and
+outputs, CUDA events after warm-up, the runtimes taking turns round by round.
 
-    PYTHONPATH=. python bench/gpu.py --package /path/to/resnet50/package [--iters 50]
+    PYTHONPATH=. python bench/gpu.py --package resnet50=PKG --package mobilenet_v2=PKG
+        [--batches 1 64] [--precision fp32 fp16] [--compile-mode max-autotune] [--rounds 3]
 
-Needs numpy, onnx, cupy, torch, torchvision (no TensorFlow). The two models are the same
-architecture, not the same weights: this compares runtimes, not numerics (bench/gpu_check.py
-checks numerics against TensorFlow's golden outputs).
+kubetrt runs the lowered Keras package; PyTorch runs torchvision's model of the same architecture
+with random weights: this compares runtimes, not numerics (bench/gpu_check.py checks numerics
+against TensorFlow's golden outputs). PyTorch's defaults stand: TF32 convolutions in fp32.
+Needs numpy, onnx, cupy, torch, torchvision (no TensorFlow).
 """
 from __future__ import annotations
 
 import argparse
 import copy
+import statistics
 import sys
+import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bootstrap
 import numpy as np
 from kubetrt.runtime.devices.cuda import CudaRuntime
+from kubetrt.runtime.devices.cuda_native import MATH_MODES
 from kubetrt.runtime.onnx_import import load_package_graph
 from kubetrt.runtime.package import open_package
 
+TORCHVISION = {"resnet50": "resnet50", "mobilenet_v2": "mobilenet_v2"}
 
-def time_kubetrt(package: Path, batch: int, precision: str, graphs: bool, iters: int, warmup: int) -> float:
+
+def event_ms(launch: Callable[[], Any], stream: Any, iters: int) -> float:
+    """Mean ms per call between two CUDA events on `stream` (CuPy), calls launched back to back."""
+    import cupy as cp
+
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    start.record(stream)
+    for _ in range(iters):
+        launch()
+    end.record(stream)
+    end.synchronize()
+    return float(cp.cuda.get_elapsed_time(start, end)) / iters
+
+
+def kubetrt_runner(package: Path, batch: int, precision: str, options: dict[str, Any]) -> Callable[[int], float]:
     import cupy as cp
 
     manifest = open_package(package)
     graph = load_package_graph(package, manifest)
-    rt = CudaRuntime()
-    exe = rt.prepare(copy.deepcopy(graph), {"precision": precision, "cuda_graphs": graphs, "contexts": 1})
+    exe = CudaRuntime().prepare(copy.deepcopy(graph), {"precision": precision, "contexts": 1, **options})
     shape = [batch if d < 0 else d for d in manifest.inputs[0].shape]
     x = cp.asarray(np.random.default_rng(0).standard_normal(shape, dtype=np.float32))
     stream = exe.streams[0]
-    for _ in range(warmup):
+    for _ in range(3):
         exe.run_device([x])
     stream.synchronize()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    start.record(stream)
-    for _ in range(iters):
-        exe.run_device([x])
-    end.record(stream)
-    end.synchronize()
-    return cp.cuda.get_elapsed_time(start, end) / iters
+    if options.get("cuda_graphs") and exe.capture_failures:
+        raise RuntimeError(f"capture refused: {exe.capture_failures}")
+    return lambda iters: event_ms(lambda: exe.run_device([x]), stream, iters)
 
 
-def time_torch(batch: int, precision: str, iters: int, warmup: int) -> float:
+def torch_runner(name: str, batch: int, precision: str, compile_mode: str | None) -> Callable[[int], float]:
     import torch
     import torchvision
 
-    model = torchvision.models.resnet50(weights=None).cuda().eval()
     dtype = torch.float16 if precision == "fp16" else torch.float32
-    model = model.to(dtype)
+    model = getattr(torchvision.models, TORCHVISION[name])(weights=None).cuda().eval().to(dtype)
+    if compile_mode:
+        model = torch.compile(model, mode=compile_mode)
     x = torch.randn(batch, 3, 224, 224, device="cuda", dtype=dtype)
     with torch.inference_mode():
-        for _ in range(warmup):
+        for _ in range(3):
             model(x)
-        torch.cuda.synchronize()
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(iters):
-            model(x)
-        end.record()
-        end.synchronize()
-    return start.elapsed_time(end) / iters
+    torch.cuda.synchronize()
+
+    def run(iters: int) -> float:
+        with torch.inference_mode():
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(iters):
+                model(x)
+            end.record()
+            end.synchronize()
+        return float(start.elapsed_time(end)) / iters
+
+    return run
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--package", required=True, type=Path, help="the lowered Keras ResNet50 model package")
+    ap.add_argument("--package", action="append", required=True, metavar="MODEL=DIR",
+                    help=f"a lowered Keras package per model: {', '.join(TORCHVISION)}")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 64])
     ap.add_argument("--precision", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"])
+    ap.add_argument("--compile-mode", default="max-autotune",
+                    help="torch.compile mode; 'none' leaves torch.compile out")
+    ap.add_argument("--fp32-math", default="tf32", choices=list(MATH_MODES),
+                    help="kubetrt's cuBLAS math for fp32 (PyTorch's convolutions use TF32 by default)")
     ap.add_argument("--iters", type=int, default=50)
-    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
+    packages = dict(p.split("=", 1) for p in args.package)
+    unknown = set(packages) - set(TORCHVISION)
+    if unknown:
+        ap.error(f"--package {', '.join(sorted(unknown))}: expected one of {', '.join(TORCHVISION)}")
     rt = _bootstrap.cuda_runtime_or_exit(__file__)
     ident = rt.identity()
     import torch
 
-    print(f"# {ident.gpu_product}, cc {ident.compute_capability}, {ident.backend_version}, torch {torch.__version__}")
-    print(f"{'batch':>5} {'prec':<5} {'kubetrt eager ms':>17} {'kubetrt graph ms':>17} {'torch eager ms':>15} {'torch/graph':>12}")
-    for batch in args.batches:
-        for precision in args.precision:
-            eager = time_kubetrt(args.package, batch, precision, False, args.iters, args.warmup)
-            graph = time_kubetrt(args.package, batch, precision, True, args.iters, args.warmup)
-            ref = time_torch(batch, precision, args.iters, args.warmup)
-            print(f"{batch:>5} {precision:<5} {eager:>17.3f} {graph:>17.3f} {ref:>15.3f} {ref / graph:>11.2f}x")
+    compile_mode = None if args.compile_mode == "none" else args.compile_mode
+    print(f"# {ident.gpu_product}, cc {ident.compute_capability}, {ident.backend_version}, torch {torch.__version__}; "
+          f"ms per call, median of {args.rounds} rounds of {args.iters} calls, runtimes taking turns; "
+          f"kubetrt fp32 math: {args.fp32_math}", flush=True)
+    head = f"{'model':<13} {'batch':>5} {'prec':<5} {'kubetrt eager':>13} {'kubetrt graph':>13} {'torch eager':>11}"
+    head += f" {'torch.compile':>13} {'eager/graph':>11} {'compile/graph':>13}" if compile_mode else f" {'eager/graph':>11}"
+    print(head, flush=True)
+    for name, pkg in packages.items():
+        for batch in args.batches:
+            for precision in args.precision:
+                t0 = time.perf_counter()
+                runners: dict[str, Callable[[int], float]] = {}
+                math = args.fp32_math if precision == "fp32" else "default"
+                for label, make in [
+                    ("eager", lambda: kubetrt_runner(Path(pkg), batch, precision, {"cuda_graphs": False, "math": math})),
+                    ("graph", lambda: kubetrt_runner(Path(pkg), batch, precision, {"cuda_graphs": True, "math": math})),
+                    ("torch", lambda: torch_runner(name, batch, precision, None)),
+                    ("compile", lambda: torch_runner(name, batch, precision, compile_mode)),
+                ]:
+                    if label == "compile" and not compile_mode:
+                        continue
+                    try:
+                        runners[label] = make()
+                    except Exception as e:  # report the cell, keep the others
+                        print(f"#   {name} b{batch} {precision} {label}: {type(e).__name__}: {str(e)[:300]}", flush=True)
+                times: dict[str, list[float]] = {k: [] for k in runners}
+                for _ in range(args.rounds):
+                    for label, run in runners.items():
+                        times[label].append(run(args.iters))
+                ms = {k: statistics.median(v) for k, v in times.items()}
+                nan = float("nan")
+                g = ms.get("graph", nan)
+                row = (f"{name:<13} {batch:>5} {precision:<5} {ms.get('eager', nan):>13.3f} {g:>13.3f} "
+                       f"{ms.get('torch', nan):>11.3f}")
+                if compile_mode:
+                    row += f" {ms.get('compile', nan):>13.3f} {ms.get('torch', nan) / g:>10.2f}x {ms.get('compile', nan) / g:>12.2f}x"
+                else:
+                    row += f" {ms.get('torch', nan) / g:>10.2f}x"
+                print(row + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
     return 0
 
 

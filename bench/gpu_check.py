@@ -18,15 +18,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import _bootstrap
 from kubetrt.runtime.accuracy import GPU, compare, tolerance_for
 from kubetrt.runtime.devices.cuda import CudaRuntime
+from kubetrt.runtime.devices.cuda_native import MATH_MODES
 from kubetrt.runtime.onnx_import import load_package_graph
 from kubetrt.runtime.package import load_golden, open_package
 
 
-def check(package: Path, precision: str, graphs: bool, rt: CudaRuntime) -> list[dict]:
+def check(package: Path, precision: str, graphs: bool, rt: CudaRuntime, math: str = "default") -> list[dict]:
     manifest = open_package(package)
     graph = load_package_graph(package, manifest)
     golden = load_golden(package, manifest)
-    exe = rt.prepare(copy.deepcopy(graph), {"precision": precision, "cuda_graphs": graphs, "contexts": 1})
+    exe = rt.prepare(copy.deepcopy(graph), {"precision": precision, "cuda_graphs": graphs, "math": math, "contexts": 1})
     rows = []
     for batch, (ins, outs) in sorted(golden.items()):
         feeds = [ins[v.name] for v in graph.inputs]
@@ -35,9 +36,16 @@ def check(package: Path, precision: str, graphs: bool, rt: CudaRuntime) -> list[
         got = exe.run(feeds)
         ms = (time.perf_counter() - t0) * 1e3
         result = compare(dict(zip([o.name for o in graph.outputs], got)), outs, tolerance_for(precision, GPU))
-        rows.append({"model": manifest.name, "precision": precision, "mode": "graph" if exe.cuda_graphs else "eager",
-                     "batch": batch, "abs_err": result.max_abs_error, "ok": result.passed, "ms": ms,
-                     "error": result.reason() or ""})
+        refused = exe.capture_failures.get(tuple((f.shape, f.dtype.str) for f in feeds)) if graphs else None
+        error = result.reason() or ""
+        if graphs and refused is not None:
+            error = f"ran eagerly: the CUDA Graph capture was refused ({refused}) {error}"
+        note = f"not capturable: {exe.plan.sync_reasons[0]}" if graphs and not exe.cuda_graphs else ""
+        rows.append({"model": manifest.name, "precision": precision if math == "default" else f"{precision}/{math}",
+                     "tol_precision": precision, "note": note,
+                     "mode": "graph" if exe.cuda_graphs and refused is None else "eager",
+                     "batch": batch, "abs_err": result.max_abs_error, "ok": result.passed and not error, "ms": ms,
+                     "error": error})
     return rows
 
 
@@ -45,23 +53,25 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("packages", nargs="+", type=Path)
     ap.add_argument("--precision", nargs="+", default=["fp32", "fp16"], choices=["fp32", "fp16"])
+    ap.add_argument("--math", nargs="+", default=["default", "tf32"], choices=list(MATH_MODES),
+                    help="cuBLAS math modes to check fp32 under (tf32: TensorFloat-32 tensor cores)")
     args = ap.parse_args(argv)
     rt = _bootstrap.cuda_runtime_or_exit(__file__)
     ident = rt.identity()
     print(f"# {ident.gpu_product}, compute capability {ident.compute_capability}, {ident.backend_version}")
     rows = []
     for pkg in args.packages:
-        for precision in args.precision:
+        for precision, math in [(p, m) for p in args.precision for m in args.math if p == "fp32" or m == "default"]:
             for graphs in (False, True):
                 try:
-                    rows += check(pkg, precision, graphs, rt)
+                    rows += check(pkg, precision, graphs, rt, math)
                 except Exception as e:  # report and keep checking the others
-                    rows.append({"model": pkg.name, "precision": precision, "mode": "graph" if graphs else "eager",
+                    rows.append({"model": pkg.name, "precision": precision, "tol_precision": precision, "mode": "graph" if graphs else "eager",
                                  "batch": "-", "abs_err": float("nan"), "ok": False, "ms": 0.0, "error": f"{type(e).__name__}: {e}"})
-    print(f"{'model':<16} {'prec':<5} {'mode':<6} {'batch':>5} {'abs_err':>10} {'tol':>7} {'ms':>9}  result")
+    print(f"{'model':<16} {'prec':<10} {'mode':<6} {'batch':>5} {'abs_err':>10} {'tol':>7} {'ms':>9}  result")
     for r in rows:
-        print(f"{r['model']:<16} {r['precision']:<5} {r['mode']:<6} {r['batch']!s:>5} {r['abs_err']:>10.2e} "
-              f"{tolerance_for(r['precision'], GPU).atol:>7.0e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')}")
+        print(f"{r['model']:<16} {r['precision']:<10} {r['mode']:<6} {r['batch']!s:>5} {r['abs_err']:>10.2e} "
+              f"{tolerance_for(r['tol_precision'], GPU).atol:>7.0e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')}  {r.get('note', '')}")
     failed = sum(not r["ok"] for r in rows)
     print(f"{len(rows) - failed}/{len(rows)} checks passed")
     return 1 if failed else 0

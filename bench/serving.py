@@ -162,6 +162,9 @@ def wire_p50_ms(url: str, model: str, body: bytes, headers: dict[str, str], n: i
             while True:
                 buf += sock.recv(1 << 16)
                 head_end = buf.find(b"\r\n\r\n")
+                if head_end >= 0 and not buf.startswith(b"HTTP/1.1 200"):
+                    raise RuntimeError(f"the server answered {buf[:head_end].splitlines()[0].decode()}: "
+                                       f"{buf[head_end + 4:][:300]!r}")
                 if head_end >= 0:
                     m = re.search(rb"content-length: (\d+)", buf[:head_end], re.I)
                     if m and len(buf) - head_end - 4 >= int(m.group(1)):
@@ -171,9 +174,18 @@ def wire_p50_ms(url: str, model: str, body: bytes, headers: dict[str, str], n: i
     return float(np.median(ts) * 1e3)
 
 
+def one_row(package: Path) -> np.ndarray:
+    """A batch-1 request tensor of the model's first input: its shape and dtype as the manifest declares."""
+    from kubetrt.runtime.package import read_manifest
+
+    spec = read_manifest(package).inputs[0]
+    shape = [1 if i == 0 or d < 0 else d for i, d in enumerate(spec.shape)]
+    return np.random.default_rng(0).random(shape).astype(spec.dtype)
+
+
 def run_cells(package: Path, model: str, input_name: str, mode: str, server_args: list[str],
               concurrencies: list[int], seconds: float) -> list[Cell]:
-    x = np.random.default_rng(0).random((1, 32, 32, 3), dtype=np.float32)
+    x = one_row(package)
     body, headers = request_body(input_name, x)
     server = Server(package, server_args)
     cells = []
