@@ -7,18 +7,7 @@ import re
 
 import pytest
 from helpers import check_all_batches, load
-from kubetrt.runtime.devices.cuda import CudaRuntime, CupyBackend
-from kubetrt.runtime.errors import DeviceUnavailableError
-
-
-@pytest.fixture(scope="module")
-def gpu() -> CudaRuntime:
-    rt = CudaRuntime(CupyBackend())
-    try:
-        rt.check_available()
-    except DeviceUnavailableError as e:
-        pytest.skip(f"no CUDA GPU usable here: {e}")
-    return rt
+from kubetrt.runtime.devices.cuda import CudaRuntime
 
 
 @pytest.mark.parametrize("name", ["small_cnn", "mlp", "transformer", "two_in_two_out"])

@@ -10,22 +10,11 @@ from typing import Any
 import numpy as np
 import pytest
 from kubetrt.runtime.accuracy import GPU, tolerance_for
-from kubetrt.runtime.devices.cuda import CudaRuntime, CupyBackend
-from kubetrt.runtime.errors import DeviceUnavailableError
+from kubetrt.runtime.devices.cuda import CudaRuntime
 from kubetrt.runtime.onnx_import import from_proto
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "runtime"))
 from onnx_cases import make_model, node, run_ort  # noqa: E402
-
-
-@pytest.fixture(scope="module")
-def gpu() -> CudaRuntime:
-    rt = CudaRuntime(CupyBackend())
-    try:
-        rt.check_available()
-    except DeviceUnavailableError as e:
-        pytest.skip(f"no CUDA GPU usable here: {e}")
-    return rt
 
 
 def _rng(seed: int, shape: tuple[int, ...]) -> np.ndarray:

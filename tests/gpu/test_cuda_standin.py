@@ -208,3 +208,17 @@ def test_cuda_pool_numpy_stand_in_matches_onnxruntime(case) -> None:  # type: ig
 @pytest.mark.parametrize("rows,bucket", [(1, 1), (2, 2), (3, 4), (33, 64), (64, 64), (65, 128)])
 def test_cuda_graph_batch_bucket_is_the_next_power_of_two(rows: int, bucket: int) -> None:
     assert cuda.batch_bucket(rows) == bucket
+
+
+def test_cuda_tuning_record_measured_on_another_gpu_product_is_refused(zoo, tmp_path) -> None:
+    """The record holds what was fastest and accurate on one GPU product, as a TensorRT timing cache does."""
+    graph, golden = load(zoo.package("small_cnn"))
+    target = Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 4, 4)).resolve("0.0", "x")
+    options = STAND_IN.tune(fresh(graph), target, golden, repeats=1)
+    record = json.loads(options["_files"][cuda.TUNING_FILE])
+    assert record["gpu_product"] == "NumPy-Stand-In" and record["choice"]["math"] == "default"
+    (tmp_path / cuda.TUNING_FILE).write_text(json.dumps(record))
+    assert STAND_IN.prepare(fresh(graph), {"engine_dir": str(tmp_path)}).plan.ctx.conv_algo == record["choice"]["conv_algo"]
+    (tmp_path / cuda.TUNING_FILE).write_text(json.dumps({**record, "gpu_product": "NVIDIA-A100-SXM4-80GB"}))
+    with pytest.raises(TargetError, match="tuned on NVIDIA-A100-SXM4-80GB, and this node's GPU is NumPy-Stand-In"):
+        STAND_IN.prepare(fresh(graph), {"engine_dir": str(tmp_path)})
