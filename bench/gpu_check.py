@@ -41,8 +41,7 @@ def check(package: Path, precision: str, graphs: bool, rt: CudaRuntime, math: st
         if graphs and refused is not None:
             error = f"ran eagerly: the CUDA Graph capture was refused ({refused}) {error}"
         note = f"not capturable: {exe.plan.sync_reasons[0]}" if graphs and not exe.cuda_graphs else ""
-        rows.append({"model": manifest.name, "precision": precision if math == "default" else f"{precision}/{math}",
-                     "tol_precision": precision, "note": note,
+        rows.append({"model": manifest.name, "precision": precision, "math": math, "note": note,
                      "mode": "graph" if exe.cuda_graphs and refused is None else "eager",
                      "batch": batch, "abs_err": result.max_abs_error, "ok": result.passed and not error, "ms": ms,
                      "error": error})
@@ -66,12 +65,13 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     rows += check(pkg, precision, graphs, rt, math)
                 except Exception as e:  # report and keep checking the others
-                    rows.append({"model": pkg.name, "precision": precision, "tol_precision": precision, "mode": "graph" if graphs else "eager",
+                    rows.append({"model": pkg.name, "precision": precision, "math": math, "mode": "graph" if graphs else "eager",
                                  "batch": "-", "abs_err": float("nan"), "ok": False, "ms": 0.0, "error": f"{type(e).__name__}: {e}"})
     print(f"{'model':<16} {'prec':<10} {'mode':<6} {'batch':>5} {'abs_err':>10} {'tol':>7} {'ms':>9}  result")
     for r in rows:
-        print(f"{r['model']:<16} {r['precision']:<10} {r['mode']:<6} {r['batch']!s:>5} {r['abs_err']:>10.2e} "
-              f"{tolerance_for(r['tol_precision'], GPU).atol:>7.0e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')}  {r.get('note', '')}")
+        label = r["precision"] if r["math"] == "default" else f"{r['precision']}/{r['math']}"
+        print(f"{r['model']:<16} {label:<10} {r['mode']:<6} {r['batch']!s:>5} {r['abs_err']:>10.2e} "
+              f"{tolerance_for(r['precision'], GPU).atol:>7.0e} {r['ms']:>9.3f}  {'ok' if r['ok'] else 'FAIL ' + r.get('error', '')}  {r.get('note', '')}")
     failed = sum(not r["ok"] for r in rows)
     print(f"{len(rows) - failed}/{len(rows)} checks passed")
     return 1 if failed else 0

@@ -25,6 +25,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -174,19 +175,14 @@ def wire_p50_ms(url: str, model: str, body: bytes, headers: dict[str, str], n: i
     return float(np.median(ts) * 1e3)
 
 
-def one_row(package: Path) -> np.ndarray:
-    """A batch-1 request tensor of the model's first input: its shape and dtype as the manifest declares."""
-    from kubetrt.runtime.package import read_manifest
-
-    spec = read_manifest(package).inputs[0]
+def one_row(spec: Any) -> np.ndarray:
+    """A batch-1 request tensor for an input of the manifest: its shape and dtype as declared."""
     shape = [1 if i == 0 or d < 0 else d for i, d in enumerate(spec.shape)]
     return np.random.default_rng(0).random(shape).astype(spec.dtype)
 
 
-def run_cells(package: Path, model: str, input_name: str, mode: str, server_args: list[str],
+def run_cells(package: Path, model: str, body: bytes, headers: dict[str, str], mode: str, server_args: list[str],
               concurrencies: list[int], seconds: float) -> list[Cell]:
-    x = one_row(package)
-    body, headers = request_body(input_name, x)
     server = Server(package, server_args)
     cells = []
     try:
@@ -245,16 +241,17 @@ def main(argv: list[str] | None = None) -> int:
     from kubetrt.runtime.package import read_manifest
 
     manifest = read_manifest(package)
-    model, input_name = manifest.name, manifest.inputs[0].name
+    model = manifest.name
+    body, headers = request_body(manifest.inputs[0].name, one_row(manifest.inputs[0]))
     concurrencies = [int(c) for c in args.concurrency.split(",")]
     common = ["--device", args.device, "--max-queue-delay-us", str(args.max_queue_delay_us),
               "--max-queue-size", "4096"]
 
     predict_ms = predict_p50_ms(package, args.device)
     predict_max_ms = predict_p50_ms(package, args.device, rows=args.max_batch_size, runs=20)
-    on = run_cells(package, model, input_name, "on", [*common, "--max-batch-size", str(args.max_batch_size)],
+    on = run_cells(package, model, body, headers, "on", [*common, "--max-batch-size", str(args.max_batch_size)],
                    concurrencies, args.seconds)
-    off = run_cells(package, model, input_name, "off", [*common, "--max-batch-size", "1"], concurrencies, args.seconds)
+    off = run_cells(package, model, body, headers, "off", [*common, "--max-batch-size", "1"], concurrencies, args.seconds)
 
     print(f"\nkubetrt serving bench: {model} ({package}), device {args.device}, batch-1 OIP binary requests, "
           f"{args.seconds:g} s per cell, max batch {args.max_batch_size}, max queue delay {args.max_queue_delay_us} us")

@@ -50,7 +50,8 @@ def batch_bucket(rows: int) -> int:
 
 
 class CaptureUnsafe(RuntimeError):
-    """The program would transfer memory while a CUDA Graph is being captured."""
+    """The program cannot be captured as a CUDA Graph (a transfer, a host step, or anything the
+    capture refused); that input signature runs eagerly."""
 
 
 def gfd_product(name: str) -> str:

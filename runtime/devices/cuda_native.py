@@ -53,8 +53,6 @@ class Cublas:
     """Row-major batched GEMMs on the current CuPy stream, one cuBLAS handle per stream."""
 
     def __init__(self, cp: Any, math_mode: str = "default") -> None:
-        if math_mode not in MATH_MODES:
-            raise ValueError(f"cuBLAS math mode {math_mode!r}: expected one of {', '.join(MATH_MODES)}")
         self.cp = cp
         self.math_mode = math_mode
         self.lib = _load_cublas()
@@ -131,6 +129,22 @@ __device__ __forceinline__ float ld(const __half* p, long i) { return __half2flo
 __device__ __forceinline__ void st(float* p, long i, float v) { p[i] = v; }
 __device__ __forceinline__ void st(__half* p, long i, float v) { p[i] = __float2half(v); }
 
+// f(ih, iw, i, j) for every tap (i, j) of output pixel (oh, ow)'s window that lies inside the
+// input: the window geometry of the depthwise convolution and the pools, written once
+template <typename F>
+__device__ __forceinline__ void each_tap(int oh, int ow, int H, int W, int KH, int KW, int SH, int SW,
+                                         int PH, int PW, int DH, int DW, F f) {
+  for (int i = 0; i < KH; ++i) {
+    int ih = oh * SH - PH + i * DH;
+    if (ih < 0 || ih >= H) continue;
+    for (int j = 0; j < KW; ++j) {
+      int iw = ow * SW - PW + j * DW;
+      if (iw < 0 || iw >= W) continue;
+      f(ih, iw, i, j);
+    }
+  }
+}
+
 template <typename T, typename I>
 __global__ void depthwise(const T* x, const T* w, const T* bias, const T* res, T* y, I total,
                           int C, int H, int W, int OH, int OW, int KH, int KW, int SH, int SW,
@@ -140,15 +154,9 @@ __global__ void depthwise(const T* x, const T* w, const T* bias, const T* res, T
   int ow = idx % OW; I t = idx / OW; int oh = t % OH; t /= OH; int c = t % C;
   const I base = t * H * W;  // t = n * C + c
   float acc = 0.f;
-  for (int i = 0; i < KH; ++i) {
-    int ih = oh * SH - PH + i * DH;
-    if (ih < 0 || ih >= H) continue;
-    for (int j = 0; j < KW; ++j) {
-      int iw = ow * SW - PW + j * DW;
-      if (iw < 0 || iw >= W) continue;
-      acc += ld(x, base + (I)ih * W + iw) * ld(w, c * KH * KW + i * KW + j);
-    }
-  }
+  each_tap(oh, ow, H, W, KH, KW, SH, SW, PH, PW, DH, DW, [&](int ih, int iw, int i, int j) {
+    acc += ld(x, base + (I)ih * W + iw) * ld(w, c * KH * KW + i * KW + j);
+  });
   float v = acc;
   if (has_bias) v += ld(bias, c);
   if (has_res) v += ld(res, idx);
@@ -201,16 +209,10 @@ __global__ void pool(const T* x, T* y, I total, int H, int W, int OH, int OW, in
     int iw = ow * SW - PW + j * DW;
     if (include_pad ? (iw >= -PW && iw < W + EW) : (iw >= 0 && iw < W)) ++cw;
   }
-  for (int i = 0; i < KH; ++i) {
-    int ih = oh * SH - PH + i * DH;
-    if (ih < 0 || ih >= H) continue;
-    for (int j = 0; j < KW; ++j) {
-      int iw = ow * SW - PW + j * DW;
-      if (iw < 0 || iw >= W) continue;
-      float v = ld(x, base + (I)ih * W + iw);
-      acc = is_max ? fmaxf(acc, v) : acc + v;
-    }
-  }
+  each_tap(oh, ow, H, W, KH, KW, SH, SW, PH, PW, DH, DW, [&](int ih, int iw, int, int) {
+    float v = ld(x, base + (I)ih * W + iw);
+    acc = is_max ? fmaxf(acc, v) : acc + v;
+  });
   st(y, idx, is_max ? acc : acc / (float)max(ch * cw, 1));
 }
 """
