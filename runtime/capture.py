@@ -21,9 +21,11 @@ from .kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, Link, Primiti
 from .program import Program, Step
 
 CHAINS_ENV = "KUBETRT_PRIMITIVE_CHAINS"
-# A chain whose inner values need more than this keeps its steps: steps over such tensors run long
-# enough that their Python does not count, and the arena would hold that memory beside the heap's.
-ARENA_LIMIT = 64 << 20
+# A chain whose inner values need more than this keeps its steps. Below it the arena pays at any
+# batch: a fresh array of more than the allocator's mmap threshold (32 MiB at most) comes back from
+# the kernel as new pages, which it faults in and zeroes on the first write, each call; the arena's
+# pages stay mapped. Above it, holding the memory per concurrent caller costs more than that saves.
+ARENA_LIMIT = 1 << 30
 ALIGN = 64
 Failed = Callable[[Program, int, BaseException], BaseException]
 

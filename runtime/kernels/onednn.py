@@ -39,20 +39,18 @@ MIN_DENSE_MACS = 1 << 16  # below this a oneDNN matmul call costs more than NumP
 _QUERY_IMPL_INFO_STR, _QUERY_SCRATCHPAD_MD, _QUERY_EXEC_ARG_MD = 8, 136, 255
 _PLAIN, _BLOCKED, _NCHW_TO_BLOCKED = range(3)  # a convolution's source -> destination layouts
 BLOCKED_ENV = "KUBETRT_BLOCKED_MIN_BATCH"
+NEVER = 1 << 62  # a BLOCKED_MIN_BATCH no batch reaches
 
 
-def blocked_min_batch(env: Any) -> int:
-    """The smallest batch whose activations take the blocked layout: BLOCKED_ENV, 8 by default;
-    0 keeps every batch NHWC."""
+def blocked_min_batch(env: Any, isa: int) -> int:
+    """The smallest batch whose activations take the blocked layout: BLOCKED_ENV; by default 8 on
+    AVX2, none on AVX-512; 0 keeps every batch NHWC."""
     text = env.get(BLOCKED_ENV, "").strip()
     if not text:
-        return 8
+        return NEVER if isa & _ISA_AVX512 else 8
     if not text.isdigit():
         raise ValueError(f"{BLOCKED_ENV}={text!r}: expected a batch size (0 keeps every batch NHWC)")
-    return int(text) or 1 << 62
-
-
-BLOCKED_MIN_BATCH = blocked_min_batch(os.environ)
+    return int(text) or NEVER
 
 
 def blocked_shape(nhwc: tuple[int, ...]) -> tuple[int, ...]:
@@ -159,9 +157,12 @@ def channel_block(env: Any, isa: int) -> int:
 
 
 # The blocked activation layout (nChw16c or nChw8c): channels in blocks of BLOCK innermost, as (N,
-# C/BLOCK, H, W, BLOCK) arrays. At a served batch its AVX2 kernels beat the NHWC ones (its AVX-512
-# ones are even with them), at batch 1 not, so tensors take it only from BLOCKED_MIN_BATCH images up.
+# C/BLOCK, H, W, BLOCK) arrays. At a served batch its AVX2 kernels beat the NHWC ones, at batch 1
+# not, so tensors take it only from BLOCKED_MIN_BATCH images up. On AVX-512 its kernels are even
+# with oneDNN's NHWC ones (brgconv, brdgmm) and the reorders into and out of a region are pure
+# cost, so NHWC stays.
 BLOCK = channel_block(os.environ, _ISA)
+BLOCKED_MIN_BATCH = blocked_min_batch(os.environ, _ISA)
 _ISA_NAMES = {0x7: "avx2", 0xF: "avx2_vnni", 0x1F: "avx2_vnni_2", 0x27: "avx512_core", 0x67: "avx512_core_vnni",
               0xE7: "avx512_core_bf16", 0x1EF: "avx10_1_512", 0xFEF: "avx512_core_amx", 0x1FEF: "avx512_core_amx_fp16"}
 

@@ -15,6 +15,7 @@ pays for its reorders only where it has convolutions enough to win them back.
 from __future__ import annotations
 
 from ..graph import Graph, Node, ValueInfo, toposort, unique_name
+from ..kernels import onednn
 from ..kernels.registry import BLOCKED_OPERAND, BLOCKED_RESULT
 from ..kernels.nhwc import BLOCKED_OPS, BLOCKED_SINKS, blocked_operand, takes_blocked, writes_blocked
 from .shape_inference import spec_for
@@ -86,6 +87,8 @@ def _describe_like(graph: Graph, new: str, old: str) -> None:
 
 
 def to_blocked(graph: Graph) -> Graph:
+    if not onednn.AVAILABLE or onednn.BLOCKED_MIN_BATCH >= onednn.NEVER:  # no batch would take the layout
+        return graph
     regions, sinks = _regions(graph)
     if not regions:
         return graph

@@ -21,3 +21,14 @@ def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, 
         return real(self, x, *a, **k)
     monkeypatch.setattr(onednn.Site, "__call__", spy)
     return calls
+
+
+BLOCKED_BATCH = 8  # AVX2's default threshold, which the blocked-layout tests run at on any CPU
+
+
+@pytest.fixture
+def blocked_from_8(monkeypatch: pytest.MonkeyPatch) -> int:
+    """Blocked regions from batch 8, as AVX2 runs them: AVX-512 keeps NHWC at every batch by
+    default, and the blocked kernels must stay tested there too. Returns the threshold."""
+    monkeypatch.setattr(onednn, "BLOCKED_MIN_BATCH", BLOCKED_BATCH)
+    return BLOCKED_BATCH

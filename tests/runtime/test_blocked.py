@@ -17,10 +17,11 @@ from kubetrt.runtime.kernels import onednn
 from kubetrt.runtime.onnx_import import from_proto
 from onnx_cases import make_model, node, run_ort, run_plan
 
-pytestmark = pytest.mark.skipif(not onednn.AVAILABLE, reason="oneDNN is a base dependency; without it no region forms")
+pytestmark = [pytest.mark.skipif(not onednn.AVAILABLE, reason="oneDNN is a base dependency; without it no region forms"),
+              pytest.mark.usefixtures("blocked_from_8")]
 
 rng = np.random.default_rng(5)
-SMALL, LARGE = 1, onednn.BLOCKED_MIN_BATCH
+SMALL, LARGE = 1, 8  # each side of the threshold the blocked_from_8 fixture sets
 BLOCKS = 16 // onednn.BLOCK  # the test nets' 16 channels, in blocks
 
 
@@ -129,15 +130,18 @@ def test_the_regions_also_run_in_the_other_block_size() -> None:
         proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
-@pytest.mark.parametrize(("text", "expected"), [("", 8), ("16", 16), ("1", 1)])
-def test_blocked_min_batch_from_env(text: str, expected: int) -> None:
-    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: text}) == expected
+AVX2, AVX512 = 0x7, 0x27  # dnnl_cpu_isa_t values
+
+
+@pytest.mark.parametrize(("text", "isa", "expected"), [("", AVX2, 8), ("", AVX512, onednn.NEVER), ("16", AVX2, 16), ("1", AVX512, 1)])
+def test_blocked_min_batch_from_env_else_from_the_instruction_set(text: str, isa: int, expected: int) -> None:
+    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: text}, isa) == expected
 
 
 def test_blocked_min_batch_zero_means_never_and_junk_is_an_error() -> None:
-    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: "0"}) > 1 << 40
+    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: "0"}, AVX2) == onednn.NEVER
     with pytest.raises(ValueError, match="KUBETRT_BLOCKED_MIN_BATCH='eight': expected a batch size"):
-        onednn.blocked_min_batch({onednn.BLOCKED_ENV: "eight"})
+        onednn.blocked_min_batch({onednn.BLOCKED_ENV: "eight"}, AVX2)
 
 
 def test_a_squeeze_excitation_gate_scales_the_blocks_in_the_region() -> None:
@@ -228,3 +232,11 @@ def test_blocked_out_names_what_it_cannot_do() -> None:
     conv = onednn.Conv2D(w, None, 1, [1, 1], [1, 1], None, residual=False)
     with pytest.raises(ValueError, match=f"a blocked result needs output channels in blocks of {onednn.BLOCK}, got 12"):
         conv(f32(8, 5, 5, 3), 5, 5, [1, 1], [1, 1], blocked_out=True)
+
+
+def test_where_no_batch_takes_the_layout_no_region_forms(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(onednn, "BLOCKED_MIN_BATCH", onednn.NEVER)  # AVX-512's default
+    model = residual_net()
+    ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
+    assert "ToBlocked" not in ops and "FromBlocked" not in ops, ops
+    assert check(model, LARGE)["FusedConvNHWC"] == (LARGE, 6, 6, 16)

@@ -39,7 +39,7 @@ def block(squeeze_act: str, gate_act: str, extra_reader: bool = False) -> tuple[
 
 @pytest.mark.parametrize("batch", [1, 3, 8])
 @pytest.mark.parametrize("squeeze_act,gate_act", [("Silu", "Sigmoid"), ("Relu", "HardSigmoid"), ("Relu", "Sigmoid")])
-def test_the_block_runs_as_one_kernel(batch: int, squeeze_act: str, gate_act: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_block_runs_as_one_kernel(batch: int, squeeze_act: str, gate_act: str, monkeypatch: pytest.MonkeyPatch, blocked_from_8: int) -> None:
     from kubetrt.runtime.passes import blocked
 
     monkeypatch.setattr(blocked, "CONVS_PER_REORDER", 1)  # so small a region pays for its reorders: batch 8 runs blocked

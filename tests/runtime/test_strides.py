@@ -70,7 +70,7 @@ def stage_transition(size: int) -> tuple[list[onnx.NodeProto], dict[str, np.ndar
 
 
 @pytest.mark.parametrize("batch,size", [(1, 14), (1, 15), (8, 14), (8, 15)])
-def test_the_last_block_computes_only_what_the_strided_readers_read(batch: int, size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_last_block_computes_only_what_the_strided_readers_read(batch: int, size: int, monkeypatch: pytest.MonkeyPatch, blocked_from_8: int) -> None:
     from kubetrt.runtime.passes import blocked
 
     monkeypatch.setattr(blocked, "CONVS_PER_REORDER", 1)  # so small a region pays for its reorders: batch 8 runs blocked
