@@ -86,43 +86,66 @@ if jit.AVAILABLE and omp.PARALLEL:
             dst[j] = v
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _squeeze(rows, lo, hi, acc):
+        # acc = sum of rows[lo:hi], four rows per pass over acc: its loads and stores, not the
+        # rows', bound a loop of one row per pass at the few channels of early blocks
+        acc[:] = 0
+        r = lo
+        while r + 4 <= hi:
+            a, b, c, d = rows[r], rows[r + 1], rows[r + 2], rows[r + 3]
+            for ch in range(acc.size):
+                acc[ch] += (a[ch] + b[ch]) + (c[ch] + d[ch])
+            r += 4
+        for r in range(r, hi):
+            row = rows[r]
+            for ch in range(acc.size):
+                acc[ch] += row[ch]
+
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _excite(q, means, hidden, rows, out, lo, hi):
+        # means -> gate (in means' place), then out[lo:hi] = rows[lo:hi] * gate
+        w1 = carray(jit.float32s_at(q[_W1]), (q[_CR], q[_C]))
+        b1 = carray(jit.float32s_at(q[_B1]), (q[_CR],))
+        w2 = carray(jit.float32s_at(q[_W2]), (q[_C], q[_CR]))
+        b2 = carray(jit.float32s_at(q[_B2]), (q[_C],))
+        bounds = carray(jit.float32s_at(q[_BOUNDS]), (4,))
+        _dense(means, w1, b1, hidden)
+        _activate(hidden, q[_FORM1], bounds[0], bounds[1])
+        gate = means  # the means are spent once the hidden layer holds them
+        _dense(hidden, w2, b2, gate)
+        _activate(gate, q[_FORM2], bounds[2], bounds[3])
+        for r in range(lo, hi):
+            row, orow = rows[r], out[r]
+            for ch in range(gate.size):
+                orow[ch] = row[ch] * gate[ch]
+
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _share(q, team, me):
         n, hw, c, cr = q[_N], q[_HW], q[_C], q[_CR]
         x = carray(jit.float32s_at(q[_X]), (n, hw, c))
         out = carray(jit.float32s_at(q[_OUT]), (n, hw, c))
         sums = carray(jit.float32s_at(q[_SCRATCH]), (team, n, c))
         mine = carray(jit.float32s_at(q[_SCRATCH] + 4 * team * n * c + 4 * me * (c + cr)), (c + cr,))
-        w1 = carray(jit.float32s_at(q[_W1]), (cr, c))
-        b1 = carray(jit.float32s_at(q[_B1]), (cr,))
-        w2 = carray(jit.float32s_at(q[_W2]), (c, cr))
-        b2 = carray(jit.float32s_at(q[_B2]), (c,))
-        bounds = carray(jit.float32s_at(q[_BOUNDS]), (4,))
-        lo, hi = hw * me // team, hw * (me + 1) // team
-        for i in range(n):  # squeeze: this member's rows of each image
-            acc = sums[me, i]
-            acc[:] = 0
-            for r in range(lo, hi):
-                row = x[i, r]
-                for ch in range(c):
-                    acc[ch] += row[ch]
-        jit.c_call0(q[_BARRIER])
         means, hidden = mine[:c], mine[c:]
         inv = np.float32(1.0 / hw)
+        if n % team == 0:  # whole images per member: the scale re-reads an image this core just summed
+            for i in range(n * me // team, n * (me + 1) // team):
+                _squeeze(x[i], 0, hw, means)
+                for ch in range(c):
+                    means[ch] *= inv
+                _excite(q, means, hidden, x[i], out[i], 0, hw)
+            return
+        lo, hi = hw * me // team, hw * (me + 1) // team
+        for i in range(n):  # squeeze: this member's rows of each image
+            _squeeze(x[i], lo, hi, sums[me, i])
+        jit.c_call0(q[_BARRIER])
         for i in range(n):  # excite: every member computes the whole gate, then scales its rows
             for ch in range(c):
                 total = np.float32(0)
                 for t in range(team):
                     total += sums[t, i, ch]
                 means[ch] = total * inv
-            _dense(means, w1, b1, hidden)
-            _activate(hidden, q[_FORM1], bounds[0], bounds[1])
-            gate = means  # the means are spent once the hidden layer holds them
-            _dense(hidden, w2, b2, gate)
-            _activate(gate, q[_FORM2], bounds[2], bounds[3])
-            for r in range(lo, hi):
-                row, orow = x[i, r], out[i, r]
-                for ch in range(c):
-                    orow[ch] = row[ch] * gate[ch]
+            _excite(q, means, hidden, x[i], out[i], lo, hi)
 
     @jit.njit(cache=True)
     def _scratch_floats(team, n, c, cr):

@@ -71,7 +71,8 @@ def numpy_reference(x: np.ndarray, w1: np.ndarray, b1: np.ndarray, w2: np.ndarra
 
 @pytest.mark.skipif(not (jit.AVAILABLE and omp.PARALLEL), reason="the team kernel needs numba and libgomp")
 @pytest.mark.parametrize("threads", [1, 2, 3])
-@pytest.mark.parametrize("shape", [(1, 7, 7, 48), (2, 5, 3, 20), (1, 1, 1, 16)])
+# a batch the team divides runs whole images per member, another splits each image's rows
+@pytest.mark.parametrize("shape", [(1, 7, 7, 48), (2, 5, 3, 20), (1, 1, 1, 16), (4, 9, 9, 24), (6, 5, 5, 32)])
 def test_the_team_kernel_at_each_team_size(threads: int, shape: tuple[int, ...]) -> None:
     from kubetrt.runtime.kernels.squeeze_excite import _run
 
