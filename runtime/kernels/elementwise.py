@@ -116,6 +116,25 @@ def _is_row_vector_of(v: np.ndarray, big: np.ndarray) -> bool:
 ROW_VECTOR_MIN_ELEMENTS = 4096  # below this NumPy's call is as cheap
 
 
+@register("MulAdd", same_as_input)
+def mul_add(spec: KernelSpec) -> Run:
+    """x * scale + shift, scale and shift constant vectors over x's last axis (passes/affine.py)."""
+    scale, shift = spec.const(1), spec.const(2)
+    if scale is None or shift is None:
+        raise ValueError(f"MulAdd {spec.name}: scale and shift must be constants")
+    width = scale.size
+
+    def run(x: np.ndarray, *_consts: Any) -> tuple[np.ndarray, ...]:
+        if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != width:
+            raise ValueError(f"MulAdd {spec.name}: expected float32 input with {width} values on its last axis, "
+                             f"got {x.dtype}{list(x.shape)}")
+        if jit.AVAILABLE:
+            return (jit.rows_affine(np.ascontiguousarray(x), scale, shift),)
+        return (x * scale + shift,)
+
+    return run
+
+
 @register(list(COMPARE), broadcast_bool)
 def compare(spec: KernelSpec) -> Run:
     f = COMPARE[spec.op]

@@ -601,6 +601,14 @@ if numba is not None:
                 for j in range(c):
                     y[j] = v[j] / x[j]
 
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+    def _rows_affine(a, scale, shift, out, start, stop):
+        c = scale.shape[0]
+        for i in range(start, stop):
+            x, y = a[i], out[i]
+            for j in range(c):
+                y[j] = x[j] * scale[j] + shift[j]
+
     @njit(cache=True, nogil=True, error_model="numpy")
     def _rows_by_vector_in_place(a, v, op, start, stop):
         c = v.shape[0]
@@ -626,15 +634,34 @@ if numba is not None:
                     x[j] = v[j] / x[j]
 
 
+def _rows_joined(c: int, rows: int) -> int:
+    """How many rows of width c one row of the kernels' loop spans: narrow rows are joined (their
+    vectors tiled) until the inner loop is wide enough to vectorize."""
+    k = 1
+    while c * k < ROW_VECTOR_MIN_WIDTH and rows % (2 * k) == 0:
+        k *= 2
+    return k
+
+
+def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
+    """a * scale + shift in one pass, for a C-contiguous float32 array and vectors over its last
+    axis (passes/affine.py composes a chain of per-channel Mul/Add/Sub/Div into them)."""
+    c = scale.size
+    rows = a.size // c
+    k = _rows_joined(c, rows)
+    out = np.empty_like(a)
+    args = (a.reshape(rows // k, c * k), np.tile(scale, k), np.tile(shift, k), out.reshape(rows // k, c * k))
+    run_split(_rows_affine, args, rows // k, a.size // ROW_VECTOR_PASSES)
+    return out
+
+
 def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, out: np.ndarray) -> np.ndarray:
     """out = a op v (v op a where vector_first) for a C-contiguous float array and a vector over its
     last axis: a per-channel scale or shift of NHWC activations. NumPy's broadcasting loop runs
     one short inner loop per row there, several times slower than this single pass. `out` may be a."""
     c = v.size
     rows = a.size // c
-    k = 1
-    while c * k < ROW_VECTOR_MIN_WIDTH and rows % (2 * k) == 0:
-        k *= 2
+    k = _rows_joined(c, rows)
     vec = np.ascontiguousarray(v, dtype=a.dtype).reshape(-1)
     if k > 1:
         vec = np.tile(vec, k)

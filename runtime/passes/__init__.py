@@ -12,13 +12,14 @@ from .strides import hoist_strides
 from .squeeze_excite import fuse_squeeze_excite
 from .chains import chain_dense_layers
 from .attention import fuse_attention
+from .affine import fold_affine_chains
 from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views, matmul_operands_as_views
 
 PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "hoist_strides", "quantization.requantize", "merge_sibling_matmuls",
             "fold_scale_into_softmax", "to_nhwc",
-            "collapse_views", "fuse_attention", "matmul_operands_as_views", "chain_dense_layers", "fuse_squeeze_excite", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
+            "collapse_views", "fuse_attention", "matmul_operands_as_views", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
 
 def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
@@ -47,6 +48,7 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
         matmul_operands_as_views(graph)
         chain_dense_layers(graph)
         fuse_squeeze_excite(graph)
+        fold_affine_chains(graph)
         infer_shapes(graph)
         to_blocked(graph)
     eliminate_dead_nodes(graph)
@@ -54,4 +56,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "hoist_strides", "merge_sibling_matmuls", "chain_dense_layers", "fuse_squeeze_excite", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "fuse", "hoist_strides", "merge_sibling_matmuls", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

@@ -1,0 +1,83 @@
+"""Chains of elementwise Mul/Add/Sub/Div by constants become one MulAdd node: y = x * scale + shift.
+
+A model's input scaling (Keras' Rescaling and Normalization layers: multiply, subtract the mean,
+divide by the deviation) is such a chain, each step a full pass over the input image. Composed,
+it is one pass. The constants must be scalars or vectors over the last axis (NHWC channels), so
+the pass runs after the layout pass; every value inside the chain must be read by the next node
+alone. The constants are composed in float64 and rounded once.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Graph, Node, unique_name
+from .fusion import ConsumerIndex
+
+OP = "MulAdd"
+_AFFINE = ("Mul", "Add", "Sub", "Div")
+
+
+def _step(graph: Graph, node: Node, x: str, width: int) -> tuple[str, np.ndarray] | None:
+    """(op, constant as a float64 vector of `width`) of a node that maps x affinely; None otherwise."""
+    if node.op not in _AFFINE or len(node.inputs) != 2 or len(node.outputs) != 1:
+        return None
+    first = node.inputs[0] == x
+    c = graph.constants.get(node.inputs[1 if first else 0])
+    if c is None or c.dtype != np.float32 or node.inputs[0] == node.inputs[1]:
+        return None
+    if c.size != 1 and (c.shape[-1] != width or c.size != width):
+        return None
+    vec = np.broadcast_to(c.astype(np.float64).reshape(-1), (width,))
+    if first:
+        return node.op, vec
+    return {"Mul": ("Mul", vec), "Add": ("Add", vec), "Sub": ("RSub", vec)}.get(node.op)  # c / x is not affine
+
+
+def _compose(steps: list[tuple[str, np.ndarray]], width: int) -> tuple[np.ndarray, np.ndarray]:
+    scale, shift = np.ones(width), np.zeros(width)
+    for op, c in steps:
+        if op == "Mul":
+            scale, shift = scale * c, shift * c
+        elif op == "Div":
+            scale, shift = scale / c, shift / c
+        elif op == "Add":
+            shift = shift + c
+        elif op == "Sub":
+            shift = shift - c
+        else:  # c - x
+            scale, shift = -scale, c - shift
+    return scale.astype(np.float32), shift.astype(np.float32)
+
+
+def fold_affine_chains(graph: Graph) -> Graph:
+    idx = ConsumerIndex(graph)
+    taken = graph.value_names()
+    for head in list(graph.nodes):
+        if head not in graph.nodes or head.op not in _AFFINE:
+            continue
+        x = next((i for i in head.inputs if i not in graph.constants), "")
+        info = graph.values.get(x)
+        if info is None or info.dtype != np.float32 or not info.shape or not isinstance(info.shape[-1], int) or info.shape[-1] <= 0:
+            continue
+        width = info.shape[-1]
+        chain: list[Node] = []
+        steps: list[tuple[str, np.ndarray]] = []
+        value = x
+        node: Node | None = head
+        while node is not None and (step := _step(graph, node, value, width)) is not None:
+            chain.append(node)
+            steps.append(step)
+            value = node.outputs[0]
+            node = idx.sole_user(value)  # none past a graph output or a value read twice
+        if len(chain) < 2:
+            continue
+        scale, shift = _compose(steps, width)
+        names = [unique_name(f"{head.name}.scale", taken), unique_name(f"{head.name}.shift", taken)]
+        graph.constants[names[0]], graph.constants[names[1]] = scale, shift
+        fused = Node(OP, f"{head.name}.muladd", [x, *names], [value], {})
+        at = graph.nodes.index(head)
+        for n in chain:
+            graph.nodes.remove(n)
+        graph.nodes.insert(at, fused)
+        idx = ConsumerIndex(graph)
+    return graph
