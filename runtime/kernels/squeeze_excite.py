@@ -3,9 +3,10 @@
 
 Unfused, a block is four steps (a global pool, two 1x1 convolutions on one pixel, a multiply),
 three of them a few microseconds of arithmetic each, and each step after a big convolution finds
-the caches cold. Here a few images in NHWC are one call of the OpenMP team: each member sums its
-rows of every image, waits for the others, computes the gate itself (small) and scales the same
-rows, still in its cache. Blocked tensors (a batch from onednn.BLOCKED_MIN_BATCH up) take the
+the caches cold. Here images in NHWC are one call of the OpenMP team. Where the team divides the
+batch, each member takes whole images: it sums one, computes its gate and scales it while it is
+still in its core's cache. Otherwise each member sums its rows of every image, waits for the
+others, computes the gate itself (small) and scales the same rows. Blocked tensors (a batch from onednn.BLOCKED_MIN_BATCH up) take the
 pool, GEMMs and the blocked scale, where the dense layers are real GEMMs.
 """
 from __future__ import annotations
