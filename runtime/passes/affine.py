@@ -17,15 +17,19 @@ OP = "MulAdd"
 _AFFINE = ("Mul", "Add", "Sub", "Div")
 
 
-def _step(graph: Graph, node: Node, x: str, width: int) -> tuple[str, np.ndarray] | None:
-    """(op, constant as a float64 vector of `width`) of a node that maps x affinely; None otherwise."""
+def _step(graph: Graph, node: Node, x: str, shape: tuple[int, ...]) -> tuple[str, np.ndarray] | None:
+    """(op, constant as a float64 vector over the last axis) of a node that maps x, of `shape`,
+    affinely and keeps its shape; None otherwise."""
     if node.op not in _AFFINE or len(node.inputs) != 2 or len(node.outputs) != 1:
         return None
     first = node.inputs[0] == x
     c = graph.constants.get(node.inputs[1 if first else 0])
-    if c is None or c.dtype != np.float32 or node.inputs[0] == node.inputs[1]:
+    if c is None or c.dtype != np.float32 or node.inputs[0] == node.inputs[1] or c.ndim > len(shape):
         return None
+    width = shape[-1]
     if c.size != 1 and (c.shape[-1] != width or c.size != width):
+        return None
+    if node.op == "Div" and not np.all(c):  # x / 0 keeps its infinities and NaNs only unfolded
         return None
     vec = np.broadcast_to(c.astype(np.float64).reshape(-1), (width,))
     if first:
@@ -59,12 +63,12 @@ def fold_affine_chains(graph: Graph) -> Graph:
         info = graph.values.get(x)
         if info is None or info.dtype != np.float32 or not info.shape or not isinstance(info.shape[-1], int) or info.shape[-1] <= 0:
             continue
-        width = info.shape[-1]
+        shape, width = info.shape, info.shape[-1]
         chain: list[Node] = []
         steps: list[tuple[str, np.ndarray]] = []
         value = x
         node: Node | None = head
-        while node is not None and (step := _step(graph, node, value, width)) is not None:
+        while node is not None and (step := _step(graph, node, value, shape)) is not None:
             chain.append(node)
             steps.append(step)
             value = node.outputs[0]

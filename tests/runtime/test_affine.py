@@ -74,3 +74,14 @@ def test_an_input_of_another_width_is_named() -> None:
     np.testing.assert_allclose(run(np.full((1, 4, 4, 3), 2, np.float32), scale, shift)[0], 2)
     with pytest.raises(ValueError, match=r"MulAdd scaling: expected float32 input with 3 values on its last axis, got float32\[1, 4, 4, 5\]"):
         run(np.ones((1, 4, 4, 5), np.float32), scale, shift)
+
+
+@pytest.mark.filterwarnings("ignore:divide by zero")
+def test_a_division_by_zero_is_no_link() -> None:
+    consts = {"k": f32(3), "m": f32(3), "z": np.array([1, 0, 2], np.float32), **W}
+    nodes = [node("Mul", ["x", "k"], ["a"]), node("Div", ["a", "z"], ["b"]), node("Add", ["b", "m"], ["c"])] + stem("c")
+    model = make_model(nodes, {"x": f32(1, 6, 6, 3)}, ["c", "y"], consts, dynamic_batch=True)
+    feeds = {"x": f32(2, 6, 6, 3)}
+    got, ops = run_plan(model, feeds)
+    np.testing.assert_allclose(got[0], run_ort(model, feeds)[0], rtol=1e-6)  # a channel of infinities, as onnxruntime has it
+    assert "MulAdd" not in ops and ops.count("Div") == 1, ops
