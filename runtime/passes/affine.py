@@ -56,8 +56,9 @@ def _compose(steps: list[tuple[str, np.ndarray]], width: int) -> tuple[np.ndarra
 def fold_affine_chains(graph: Graph) -> Graph:
     idx = ConsumerIndex(graph)
     taken = graph.value_names()
+    folded: set[int] = set()  # ids of nodes a MulAdd replaced (Node compares by value: no list lookups)
     for head in list(graph.nodes):
-        if head not in graph.nodes or head.op not in _AFFINE:
+        if head.op not in _AFFINE or id(head) in folded:
             continue
         x = next((i for i in head.inputs if i not in graph.constants), "")
         info = graph.values.get(x)
@@ -79,9 +80,8 @@ def fold_affine_chains(graph: Graph) -> Graph:
         names = [unique_name(f"{head.name}.scale", taken), unique_name(f"{head.name}.shift", taken)]
         graph.constants[names[0]], graph.constants[names[1]] = scale, shift
         fused = Node(OP, f"{head.name}.muladd", [x, *names], [value], {})
-        at = graph.nodes.index(head)
-        for n in chain:
-            graph.nodes.remove(n)
-        graph.nodes.insert(at, fused)
+        gone = {id(n) for n in chain}
+        folded |= gone
+        graph.nodes[:] = [fused if n is head else n for n in graph.nodes if n is head or id(n) not in gone]
         idx = ConsumerIndex(graph)
     return graph
