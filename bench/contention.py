@@ -9,7 +9,8 @@ runtime at work in the same process (OpenVINO's thread pool inferring the same m
 second model or a sidecar runtime in one pod). Engines and conditions take turns round by round,
 and each reports the median of its rounds' medians. The last lines give each engine's slowdown
 (time under the condition / time alone) per cell: the goal is kubetrt's no worse than
-onnxruntime's. `kubetrt-static` is kubetrt with KUBETRT_ONEDNN_TEAMS=static.
+onnxruntime's. `kubetrt-static` is kubetrt with KUBETRT_ONEDNN_TEAMS=static, `kubetrt-free` with
+KUBETRT_TEAM_PLACEMENT=free.
 """
 from __future__ import annotations
 
@@ -27,8 +28,10 @@ sys.path.insert(0, str(HERE))
 import runtime as bench  # noqa: E402  (bench/runtime.py: its worker, spawn and zoo access)
 
 CONDITIONS = ("alone", "busy-core", "same-process")
-# kubetrt with its OpenMP kernels always on the whole team (no omp.TeamChoice)
-VARIANTS = {"kubetrt-static": ("kubetrt", {"KUBETRT_ONEDNN_TEAMS": "static"})}
+# kubetrt with its OpenMP kernels always on the whole team (no omp.TeamChoice), and with its team
+# members left where the scheduler puts them (no omp.keep_apart)
+VARIANTS = {"kubetrt-static": ("kubetrt", {"KUBETRT_ONEDNN_TEAMS": "static"}),
+            "kubetrt-free": ("kubetrt", {"KUBETRT_TEAM_PLACEMENT": "free"})}
 
 
 @contextmanager

@@ -230,11 +230,12 @@ if sgemm.AVAILABLE:
 
     # The block a call hands the team: addresses, then the head count; the four layouts (9 words
     # each) and the scale (a float32) sit in two arrays of their own.
-    _Q, _K, _V, _OUT, _LAYOUTS, _SCALE, _HEADS, _NUM_THREADS, _THREAD_NUM, _BLOCK = range(10)
+    _Q, _K, _V, _OUT, _LAYOUTS, _SCALE, _HEADS, _NUM_THREADS, _THREAD_NUM, _PLACE, _BLOCK = range(11)
 
-    def _member(data):  # compiled into a C callable by sgemm.entry_address
+    def _member(data):  # compiled into a C callable by jit.entry_address
         blk = carray(sgemm.int64s_at(data), (_BLOCK,))
         team, me = jit.c_call0(blk[_NUM_THREADS]), jit.c_call0(blk[_THREAD_NUM])
+        omp.apart(blk[_PLACE], me)
         lay = carray(sgemm.int64s_at(blk[_LAYOUTS]), (4, 9))
         scale = carray(sgemm.float32s_at(blk[_SCALE]), (1,))[0]
         heads = blk[_HEADS]
@@ -242,12 +243,12 @@ if sgemm.AVAILABLE:
 
     @jit.njit(cache=True, nogil=True)
     def _on_team(q, k, v, out, layouts, scale, heads, entry, threads):
-        # entry: GOMP_parallel, the member's address, omp_get_num_threads, omp_get_thread_num
+        # entry: GOMP_parallel, the member's address, omp_get_num_threads, omp_get_thread_num, omp.PLACE
         # (addresses are this process's: an argument, never a compiled-in constant)
         blk = np.empty(_BLOCK, np.int64)
         blk[_Q], blk[_K], blk[_V], blk[_OUT] = q.ctypes.data, k.ctypes.data, v.ctypes.data, out.ctypes.data
         blk[_LAYOUTS], blk[_SCALE], blk[_HEADS] = layouts.ctypes.data, scale.ctypes.data, heads
-        blk[_NUM_THREADS], blk[_THREAD_NUM] = entry[2], entry[3]
+        blk[_NUM_THREADS], blk[_THREAD_NUM], blk[_PLACE] = entry[2], entry[3], entry[4]
         jit.c_call4(entry[0], entry[1], blk.ctypes.data, threads, 0)
         return blk[0]  # a use after the team's: the block lives until the team is done
 
@@ -319,7 +320,7 @@ def fused_attention(spec: KernelSpec) -> Run:
         key = tuple((x.shape, x.strides) for x in srcs)
         found = calls.get(key)
         if found is None:
-            found = calls[key] = (*layouts_for(srcs, out), TeamChoice())
+            found = calls[key] = (*layouts_for(srcs, out), TeamChoice(keeps_apart=False))
         lays, copies, choice = found
         if any(copies[:3]):
             srcs = [np.ascontiguousarray(apply_views(x, vs)) if c else x for x, vs, c in zip(srcs, operand_views, copies)]
@@ -343,4 +344,4 @@ def _contiguous_layout(shape: tuple[int, ...]) -> Layout:
 
 @functools.lru_cache(maxsize=1)
 def _team_entry() -> np.ndarray:
-    return np.array([omp.PARALLEL, sgemm.entry_address(_member), omp.NUM_THREADS, omp.THREAD_NUM], np.int64)
+    return np.array([omp.PARALLEL, jit.entry_address(_member), omp.NUM_THREADS, omp.THREAD_NUM, omp.PLACE], np.int64)

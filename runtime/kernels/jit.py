@@ -7,6 +7,7 @@ path is used.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import tempfile
@@ -421,6 +422,15 @@ if numba is not None:
     @intrinsic
     def float32s_at(typingctx: Any, addr: Any) -> Any:
         return _types.CPointer(_types.float32)(addr), _pointer_codegen(_ir.FloatType())
+
+
+@functools.lru_cache(maxsize=None)
+def entry_address(member: Any) -> int:
+    """A team members' entry point, fn(void *block), compiled on first use."""
+    address = numba.cfunc(_types.void(_types.voidptr), cache=CACHE)(member).address
+    if not address:
+        raise RuntimeError(f"numba compiled the team entry point {member.__name__} without an address")
+    return int(address)
 
 
 _EXP_LO, _EXP_HI = np.float32(-87.33654), np.float32(88.72283)  # exp's float32 range: 0 below, inf above

@@ -323,7 +323,7 @@ _GAP_X, _GAP_OUT, _GAP_N, _GAP_H, _GAP_W, _GAP_C, _GAP_FIELDS = range(7)  # the 
 if sgemm.AVAILABLE:
     from numba import carray
 
-    def _global_average_member(data):  # compiled into a C callable by sgemm.entry_address
+    def _global_average_member(data):  # compiled into a C callable by jit.entry_address
         q = carray(jit.int64s_at(data), (_GAP_FIELDS,))
         n, h, w, c = q[_GAP_N], q[_GAP_H], q[_GAP_W], q[_GAP_C]
         jit.global_average_into(carray(jit.float32s_at(q[_GAP_X]), (n, h, w, c)), carray(jit.float32s_at(q[_GAP_OUT]), (n, 1, 1, c)))
@@ -337,7 +337,7 @@ def _global_average_call(shape: tuple[int, ...]) -> KernelCall:
         q = np.zeros(_GAP_FIELDS, np.int64)
         q[[_GAP_N, _GAP_H, _GAP_W, _GAP_C]] = shape
         return q, None
-    return KernelCall(sgemm.entry_address(_global_average_member), block, _GAP_X, _GAP_OUT, (n, 1, 1, c), team=False)
+    return KernelCall(jit.entry_address(_global_average_member), block, _GAP_X, _GAP_OUT, (n, 1, 1, c), team=False)
 
 
 @register(["GlobalAveragePoolNHWC", "GlobalMaxPoolNHWC"], _nhwc_global_shape)

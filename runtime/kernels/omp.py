@@ -8,6 +8,12 @@ GNU OpenMP's idle workers spin 300000 rounds (milliseconds) after each call by d
 server that is CPU taken from the event loop. 10000 still covers the gap between one layer's
 call and the next (same-process ResNet50/small CNN latency unchanged); libgomp reads it once,
 when it loads below, and only where the operator has not set it. OMP_NUM_THREADS caps the team.
+
+Where its workers run is the scheduler's choice, and it can choose badly: beside a busy core it
+wakes a sleeping worker on the caller's own CPU, where the two take turns and a team call takes
+longer than one thread would. So the runtime's own team kernels check where their members are on
+every call, and teams that only oneDNN starts every few calls: a member on the caller's CPU moves
+off it (apart). The caller itself is never moved. KUBETRT_TEAM_PLACEMENT=free leaves them be.
 """
 from __future__ import annotations
 
@@ -16,9 +22,13 @@ import os
 import time
 from typing import Any, Callable
 
+import numpy as np
+
+from . import jit
 from .native import load_first
 
 TEAMS_ENV = "KUBETRT_ONEDNN_TEAMS"
+PLACEMENT_ENV = "KUBETRT_TEAM_PLACEMENT"
 
 
 def _load() -> ctypes.CDLL | None:
@@ -44,6 +54,74 @@ PARALLEL = _address(_gomp, "GOMP_parallel")
 BARRIER = _address(_gomp, "GOMP_barrier")
 THREAD_NUM = _address(_gomp, "omp_get_thread_num")
 NUM_THREADS = _address(_gomp, "omp_get_num_threads")
+
+
+# The placement block the members read: sched_getcpu, sched_setaffinity, omp_get_thread_num, the
+# caller's CPU at its last check, the address of the masks (row c: every allowed CPU but c), a
+# mask's bytes, the number of rows.
+_GETCPU, _SETAFFINITY, _ME, _CALLER_CPU, _MASKS, _MASK_BYTES, _ROWS = range(7)
+
+
+def apart_placement(env: Any) -> bool:
+    """Whether team members move off the calling thread's CPU: `apart` (the default) or `free`."""
+    value = env.get(PLACEMENT_ENV, "apart").strip().lower() or "apart"
+    if value not in ("apart", "free"):
+        raise ValueError(f"{PLACEMENT_ENV}={value!r}: expected 'apart' or 'free'")
+    return value == "apart"
+
+
+def _placement(allowed: set[int]) -> tuple[np.ndarray, np.ndarray]:
+    """The placement block and the masks it points to, for a process allowed on `allowed` CPUs."""
+    rows = max(allowed) + 1 if allowed else 0
+    words = max(1, (rows + 63) // 64)
+    masks = np.zeros((max(rows, 1), words), np.uint64)
+    for cpu in range(rows):
+        for other in allowed - {cpu}:
+            masks[cpu, other // 64] |= np.uint64(1 << (other % 64))
+    libc = ctypes.CDLL(None)
+    block = np.array([_address(libc, "sched_getcpu"), _address(libc, "sched_setaffinity"), THREAD_NUM, -1,
+                      masks.ctypes.data, words * 8, rows], np.int64)
+    return block, masks
+
+
+_ALLOWED = os.sched_getaffinity(0) if hasattr(os, "sched_getaffinity") else set()
+PLACEMENT, _MASK_TABLE = _placement(_ALLOWED)  # the table stays alive beside the block that points to it
+KEEP_APART = (jit.AVAILABLE and PARALLEL != 0 and TEAM > 1 and len(_ALLOWED) > 1
+              and bool(PLACEMENT[_GETCPU] and PLACEMENT[_SETAFFINITY]) and apart_placement(os.environ))
+
+PLACE = int(PLACEMENT.ctypes.data) if KEEP_APART else 0  # what a kernel's block hands apart(): 0 leaves members be
+
+if jit.numba is not None:
+    from numba import carray
+
+    @jit.njit(cache=True, nogil=True, inline="always")
+    def apart(place_at, me):
+        """In a team member: the caller (member 0) notes its CPU, another member on it moves off it.
+        A member may read the caller's CPU as of its last team call: it moves one call later."""
+        if place_at == 0:
+            return
+        place = carray(jit.int64s_at(place_at), (_ROWS + 1,))
+        cpu = np.int64(jit.c_call0(place[_GETCPU]))
+        if me == 0:
+            place[_CALLER_CPU] = cpu
+        elif cpu == place[_CALLER_CPU] and 0 <= cpu < place[_ROWS]:
+            jit.c_call4(place[_SETAFFINITY], np.int64(0), place[_MASK_BYTES], place[_MASKS] + cpu * place[_MASK_BYTES], np.int64(0))
+
+    def _apart_member(data):  # compiled into a C callable by jit.entry_address
+        place = carray(jit.int64s_at(data), (_ROWS + 1,))
+        apart(place.ctypes.data, np.int64(jit.c_call0(place[_ME])))
+
+    @jit.njit(cache=True, nogil=True)
+    def _check_apart(parallel, entry, place_at, threads):
+        place = carray(jit.int64s_at(place_at), (_ROWS + 1,))
+        place[_CALLER_CPU] = jit.c_call0(place[_GETCPU])  # before the team starts: no member reads an older one
+        jit.c_call4(parallel, entry, place_at, threads, np.int64(0))
+
+
+def keep_apart() -> None:
+    """A team call that does nothing but apart(): for teams that only oneDNN's primitives start."""
+    if PLACE:
+        _check_apart(PARALLEL, jit.entry_address(_apart_member), PLACE, TEAM)
 
 
 def adaptive_teams(env: Any) -> bool:
@@ -73,18 +151,28 @@ class TeamChoice:
     # alone lets the team's other thread fall asleep, and the next team call waits for it to wake.
     MARGIN = 0.6
     MIN_TEAM_SECONDS = 100e-6  # shorter calls keep the team: their timings are mostly noise
+    APART_EVERY = 8  # team calls per placement check (keep_apart): a misplaced worker stays misplaced
     CAPABLE = AVAILABLE and TEAM > 1
     ENABLED = CAPABLE and adaptive_teams(os.environ)
 
-    __slots__ = ("mean", "calls")
+    __slots__ = ("mean", "calls", "keeps_apart")
 
-    def __init__(self) -> None:
+    def __init__(self, keeps_apart: bool = True) -> None:
         self.mean: list[float | None] = [None, None]  # seconds: [team, one thread]
         self.calls = 0
+        # every APART_EVERY-th team call checks placement (keep_apart); kernels whose members call
+        # apart() on every call pass False
+        self.keeps_apart = keeps_apart
 
     def pick(self) -> bool:
         """Whether this call runs single-threaded."""
         self.calls += 1
+        serial = self._serial()
+        if not serial and self.keeps_apart and self.calls % self.APART_EVERY == 0:
+            keep_apart()
+        return serial
+
+    def _serial(self) -> bool:
         team, alone = self.mean
         if not self.ENABLED or team is None or self.calls < self.WARM or team < self.MIN_TEAM_SECONDS:
             return False
@@ -102,9 +190,9 @@ class TeamChoice:
         self.mean[serial] = seconds if m is None or seconds < m else m + self.ALPHA * (seconds - m)
 
 
-def choice_for(choices: dict[Any, TeamChoice], key: Any) -> TeamChoice:
+def choice_for(choices: dict[Any, TeamChoice], key: Any, keeps_apart: bool = True) -> TeamChoice:
     """A kernel's TeamChoice for one input shape (`key`), made on that shape's first call."""
-    return choices.get(key) or choices.setdefault(key, TeamChoice())
+    return choices.get(key) or choices.setdefault(key, TeamChoice(keeps_apart))
 
 
 def timed(choice: TeamChoice, run: Callable[[int], object]) -> None:

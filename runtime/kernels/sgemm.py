@@ -39,10 +39,10 @@ _F32 = np.dtype(np.float32)
 
 # The block of int64 words each call hands the team, and the kernel's constant block it points to.
 _CONSTS, _A, _C, _RES, _M, _HAS_RES = range(6)
-_PANELS, _BIAS, _BOUNDS, _FORM, _K, _N, _P, _THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER = range(11)
+_PANELS, _BIAS, _BOUNDS, _FORM, _K, _N, _P, _THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER, _PLACE = range(12)
 # A chain's call block, and its constant block: a header, then each layer's constant block's address.
 _CHAIN_HEAD, _CHAIN_A, _CHAIN_C, _CHAIN_SCRATCH, _CHAIN_M = range(5)
-_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_MEMBER, _H_BARRIER, _H_SOFTMAX, _H_SCALE, _HEADER = range(9)
+_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_MEMBER, _H_BARRIER, _H_SOFTMAX, _H_SCALE, _H_PLACE, _HEADER = range(10)
 _NO_SOFTMAX, _SOFTMAX, _LOG_SOFTMAX = range(3)
 
 AVAILABLE = jit.AVAILABLE and omp.PARALLEL != 0
@@ -199,7 +199,7 @@ if jit.numba is not None:
     def _layer_share(kc_at, m, a_at, c_at, res_at, has_res, team, me):
         """Member `me`'s share of one layer's tiles: the layer's constant block at kc_at, its m rows
         of input, output and residual at the other addresses."""
-        kc = carray(int64s_at(kc_at), (_MEMBER + 1,))
+        kc = carray(int64s_at(kc_at), (_PLACE + 1,))
         k, n, count = kc[_K], kc[_N], kc[_P]
         bounds = carray(float32s_at(kc[_BOUNDS]), (2,))
         tasks = (m + MR - 1) // MR * count
@@ -208,10 +208,11 @@ if jit.numba is not None:
                carray(float32s_at(kc[_BIAS]), (count * NR,)), has_res, kc[_FORM], bounds[0], bounds[1],
                tasks * me // team, tasks * (me + 1) // team)
 
-    def _member(data):  # compiled into a C callable by entry_address
+    def _member(data):  # compiled into a C callable by jit.entry_address
         q = carray(int64s_at(data), (_HAS_RES + 1,))
-        kc = carray(int64s_at(q[_CONSTS]), (_MEMBER + 1,))
+        kc = carray(int64s_at(q[_CONSTS]), (_PLACE + 1,))
         team, me = jit.c_call0(kc[_NUM_THREADS]), jit.c_call0(kc[_THREAD_NUM])
+        omp.apart(kc[_PLACE], me)
         _layer_share(q[_CONSTS], q[_M], q[_A], q[_C], q[_RES], q[_HAS_RES] != 0, team, me)
 
     @jit.njit(cache=True, nogil=True)
@@ -221,14 +222,15 @@ if jit.numba is not None:
         q[_M], q[_HAS_RES] = a.shape[0], has_res
         jit.c_call4(consts[_PARALLEL], consts[_MEMBER], q.ctypes.data, threads, 0)
 
-    def _chain_member(data):  # compiled into a C callable by entry_address
+    def _chain_member(data):  # compiled into a C callable by jit.entry_address
         q = carray(int64s_at(data), (_CHAIN_M + 1,))
         layers = carray(int64s_at(q[_CHAIN_HEAD]), (_HEADER,))[_LAYERS]
         h = carray(int64s_at(q[_CHAIN_HEAD]), (_HEADER + layers,))
         team, me = jit.c_call0(h[_H_NUM_THREADS]), jit.c_call0(h[_H_THREAD_NUM])
+        omp.apart(h[_H_PLACE], me)
         m, a_at, free_at = q[_CHAIN_M], q[_CHAIN_A], q[_CHAIN_SCRATCH]
         for layer in range(layers):
-            n = carray(int64s_at(h[_HEADER + layer]), (_MEMBER + 1,))[_N]
+            n = carray(int64s_at(h[_HEADER + layer]), (_PLACE + 1,))[_N]
             last = layer == layers - 1
             c_at = q[_CHAIN_C] if last else free_at
             _layer_share(h[_HEADER + layer], m, a_at, c_at, c_at, False, team, me)
@@ -249,17 +251,6 @@ if jit.numba is not None:
         q[_CHAIN_M] = a.shape[0]
         jit.c_call4(head[_H_PARALLEL], head[_H_MEMBER], q.ctypes.data, threads, 0)
         return scratch.shape[0]  # a use after the team's: the scratch lives until the team is done
-
-
-@functools.lru_cache(maxsize=None)
-def entry_address(member: Any) -> int:
-    """A team members' entry point, fn(void *block), compiled on first use."""
-    import numba
-
-    address = numba.cfunc(types.void(types.voidptr), cache=jit.CACHE)(member).address
-    if not address:
-        raise RuntimeError(f"numba compiled the dense kernel's team entry point {member.__name__} without an address")
-    return int(address)
 
 
 def _packed(w: np.ndarray) -> np.ndarray:
@@ -300,10 +291,11 @@ class PackedDense:
         if self._bias is not None:
             bias[:self.n] = self._bias
         bounds = np.array(self._form[1:], dtype=_F32)
-        consts = np.zeros(_MEMBER + 1, np.int64)
+        consts = np.zeros(_PLACE + 1, np.int64)
         consts[[_PANELS, _BIAS, _BOUNDS]] = [panels.ctypes.data, bias.ctypes.data, bounds.ctypes.data]
         consts[[_FORM, _K, _N, _P]] = [self._form[0], self.k, self.n, panels.shape[0]]
-        consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER]] = [omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, entry_address(_member)]
+        consts[[_THREAD_NUM, _NUM_THREADS, _PARALLEL, _MEMBER, _PLACE]] = [
+            omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, jit.entry_address(_member), omp.PLACE]
         return _Packing(consts, panels, bias, bounds)
 
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
@@ -322,7 +314,7 @@ class PackedDense:
             out = res = np.empty(shape, dtype=_F32)
         if m:
             consts = self._packing.consts
-            omp.timed(omp.choice_for(self._choices, m), lambda threads: _run(consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, threads))
+            omp.timed(omp.choice_for(self._choices, m, keeps_apart=False), lambda threads: _run(consts, rows, out.reshape(m, n), res.reshape(m, n), self.residual, threads))
         return out
 
 
@@ -372,9 +364,9 @@ class PackedChain:
     def _chained(self) -> _Chained:
         packings = tuple(layer._packing for layer in self.layers)
         head = np.zeros(_HEADER + len(packings), np.int64)
-        head[[_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_BARRIER]] = [
-            len(packings), omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, omp.BARRIER]
-        head[_H_MEMBER] = entry_address(_chain_member)
+        head[[_LAYERS, _H_THREAD_NUM, _H_NUM_THREADS, _H_PARALLEL, _H_BARRIER, _H_PLACE]] = [
+            len(packings), omp.THREAD_NUM, omp.NUM_THREADS, omp.PARALLEL, omp.BARRIER, omp.PLACE]
+        head[_H_MEMBER] = jit.entry_address(_chain_member)
         head[_HEADER:] = [p.consts.ctypes.data for p in packings]
         log, scale = self.softmax or (False, 1.0)
         scales = np.array([scale], _F32)
@@ -399,7 +391,7 @@ class PackedChain:
         m = rows.shape[0]
         if m:
             head, width = self._chained.head, self._scratch_width
-            omp.timed(omp.choice_for(self._choices, m), lambda threads: _run_chain(head, rows, out.reshape(m, self.n), width, threads))
+            omp.timed(omp.choice_for(self._choices, m, keeps_apart=False), lambda threads: _run_chain(head, rows, out.reshape(m, self.n), width, threads))
         return out
 
 

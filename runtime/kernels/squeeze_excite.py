@@ -42,7 +42,7 @@ def gate_form(act: activations.Act | None) -> tuple[int, float, float] | None:
 
 
 # The team's parameter block (int64): addresses, sizes, forms; bounds is a float32 (4,) array.
-_X, _OUT, _N, _HW, _C, _CR, _W1, _B1, _W2, _B2, _FORM1, _FORM2, _BOUNDS, _SCRATCH, _THREAD_NUM, _NUM_THREADS, _BARRIER, _SIZE = range(18)
+_X, _OUT, _N, _HW, _C, _CR, _W1, _B1, _W2, _B2, _FORM1, _FORM2, _BOUNDS, _SCRATCH, _THREAD_NUM, _NUM_THREADS, _BARRIER, _PLACE, _SIZE = range(19)
 _PARALLEL, _MEMBER = _SIZE, _SIZE + 1  # after the block, where only _run reads them: the team's entry points
 
 if jit.AVAILABLE and omp.PARALLEL:
@@ -153,9 +153,11 @@ if jit.AVAILABLE and omp.PARALLEL:
         # every member's channel sums of every image, then its own means and hidden values
         return team * (n * c + c + cr)
 
-    def _member(data):  # compiled into a C callable by sgemm.entry_address
+    def _member(data):  # compiled into a C callable by jit.entry_address
         q = carray(jit.int64s_at(data), (_SIZE,))
-        _share(q, jit.c_call0(q[_NUM_THREADS]), jit.c_call0(q[_THREAD_NUM]))
+        me = jit.c_call0(q[_THREAD_NUM])
+        omp.apart(q[_PLACE], me)
+        _share(q, jit.c_call0(q[_NUM_THREADS]), me)
 
     @jit.njit(cache=True, nogil=True)
     def _run(consts, x, out, threads):
@@ -187,8 +189,8 @@ class SqueezeExcite:
             q[[_C, _CR, _W1, _B1, _W2, _B2, _FORM1, _FORM2, _BOUNDS]] = [
                 self.c, self.cr, self.w1.ctypes.data, self.b1.ctypes.data, self.w2.ctypes.data, self.b2.ctypes.data,
                 forms[0][0], forms[1][0], self.bounds.ctypes.data]
-            q[[_THREAD_NUM, _NUM_THREADS, _BARRIER, _PARALLEL, _MEMBER]] = [
-                omp.THREAD_NUM, omp.NUM_THREADS, omp.BARRIER, omp.PARALLEL, sgemm.entry_address(_member)]
+            q[[_THREAD_NUM, _NUM_THREADS, _BARRIER, _PLACE, _PARALLEL, _MEMBER]] = [
+                omp.THREAD_NUM, omp.NUM_THREADS, omp.BARRIER, omp.PLACE, omp.PARALLEL, jit.entry_address(_member)]
             self.team_consts = q
         self._choices: dict[tuple[int, ...], TeamChoice] = {}
         self._pool = onednn.Pool2D("pooling_avg_exclude_padding", (), [1, 1], [1, 1], name) if onednn.AVAILABLE else None
@@ -238,7 +240,7 @@ class SqueezeExcite:
             np.multiply(x, g.reshape(n, 1, 1, c), out=out)
             return out
         rows = np.ascontiguousarray(x).reshape(n, h * w, c)
-        omp.timed(omp.choice_for(self._choices, x.shape), lambda threads: _run(consts, rows, out.reshape(n, h * w, c), threads))
+        omp.timed(omp.choice_for(self._choices, x.shape, keeps_apart=False), lambda threads: _run(consts, rows, out.reshape(n, h * w, c), threads))
         return out
 
 
