@@ -2,11 +2,12 @@
 from __future__ import annotations
 
 import asyncio
+import operator
 import os
 from concurrent.futures import Future
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 
@@ -51,21 +52,27 @@ class FeedCheck:
 
     def __init__(self, specs: list[TensorSpec]) -> None:
         self.specs = specs
-        self._expected = [(t.name, np.dtype(t.dtype), len(t.shape), [(i, d) for i, d in enumerate(t.shape) if d != -1])
-                          for t in specs]
+        # per input: name, dtype, rank, and its fixed dimensions as a getter of a shape and what it must give
+        self._expected = [(t.name, np.dtype(t.dtype), len(t.shape), *_fixed_dims(t.shape)) for t in specs]
 
     def __call__(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         if type(feeds) is dict and len(feeds) == len(self._expected):
-            for name, dtype, ndim, fixed in self._expected:
+            for name, dtype, ndim, fixed, want in self._expected:
                 x = feeds.get(name)
-                if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != ndim or not x.size:
-                    break
-                shape = x.shape
-                if any(shape[i] != d for i, d in fixed):
+                if type(x) is not np.ndarray or x.dtype != dtype or x.ndim != ndim or not x.size or fixed(x.shape) != want:
                     break
             else:
                 return dict(feeds)
         return check_feeds(self.specs, feeds)
+
+
+def _fixed_dims(shape: tuple[int, ...]) -> tuple[Callable[[tuple[int, ...]], Any], Any]:
+    """A getter of a shape's fixed dimensions (the ones not -1) and the value it must return."""
+    at = [i for i, d in enumerate(shape) if d != -1]
+    if not at:
+        return (lambda _shape: ()), ()
+    getter = operator.itemgetter(*at)
+    return getter, getter(shape)
 
 
 def _shape(shape: tuple[int, ...]) -> str:

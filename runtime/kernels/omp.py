@@ -167,19 +167,17 @@ class TeamChoice:
     def pick(self) -> bool:
         """Whether this call runs single-threaded."""
         self.calls += 1
-        serial = self._serial()
+        team, alone = self.mean
+        if not self.ENABLED or team is None or self.calls < self.WARM or team < self.MIN_TEAM_SECONDS:
+            serial = False
+        elif alone is None:
+            serial = True
+        else:
+            faster = alone < self.MARGIN * team
+            serial = not faster if self.calls % self.EXPLORE == 0 else faster
         if not serial and self.keeps_apart and self.calls % self.APART_EVERY == 0:
             keep_apart()
         return serial
-
-    def _serial(self) -> bool:
-        team, alone = self.mean
-        if not self.ENABLED or team is None or self.calls < self.WARM or team < self.MIN_TEAM_SECONDS:
-            return False
-        if alone is None:
-            return True
-        faster = alone < self.MARGIN * team
-        return not faster if self.calls % self.EXPLORE == 0 else faster
 
     def record(self, serial: bool, seconds: float) -> None:
         if self.calls <= self.WARM:  # first calls pay one-time costs (compiling, loading, first touch)

@@ -325,11 +325,12 @@ def few_rows(a: np.ndarray) -> bool:
 
 def _rows(a: np.ndarray, k: int, n: int, name: str) -> tuple[np.ndarray, tuple[int, ...]]:
     """a (..., k) as C-contiguous rows, and the output's shape (..., n)."""
-    if a.dtype != _F32 or a.shape[-1:] != (k,):
-        raise ValueError(f"MatMul {name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {a.shape}")
-    if a.ndim == 2 and a.flags.c_contiguous:  # the common case pays no reshapes
-        return a, (a.shape[0], n)
-    return np.ascontiguousarray(a).reshape(-1, k), a.shape[:-1] + (n,)
+    shape = a.shape
+    if a.dtype != _F32 or not shape or shape[-1] != k:
+        raise ValueError(f"MatMul {name}: expected a float32 input of shape [..., {k}], got {a.dtype} of shape {shape}")
+    if len(shape) == 2 and a.flags.c_contiguous:  # the common case pays no reshapes
+        return a, (shape[0], n)
+    return np.ascontiguousarray(a).reshape(-1, k), shape[:-1] + (n,)
 
 
 class _Chained(NamedTuple):
@@ -391,7 +392,8 @@ class PackedChain:
         m = rows.shape[0]
         if m:
             head, width = self._chained.head, self._scratch_width
-            omp.timed(omp.choice_for(self._choices, m, keeps_apart=False), lambda threads: _run_chain(head, rows, out.reshape(m, self.n), width, threads))
+            flat = out if len(shape) == 2 else out.reshape(m, self.n)
+            omp.timed(omp.choice_for(self._choices, m, keeps_apart=False), lambda threads: _run_chain(head, rows, flat, width, threads))
         return out
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from . import activations, jit, omp, onednn, sgemm
+from . import activations, jit, omp, onednn
 from .omp import TeamChoice
 from .primitive_chain import KernelCall, Link, linkable
 from .registry import KernelSpec, Run, register, same_as_input
