@@ -131,7 +131,7 @@ class SequentialPlan:
 
 def _signature(feeds: list[np.ndarray]) -> tuple[tuple[tuple[int, ...], np.dtype], ...]:
     """What a captured plan is kept for: the inputs' shapes and dtypes."""
-    return tuple((x.shape, x.dtype) for x in feeds)
+    return tuple([(x.shape, x.dtype) for x in feeds])
 
 
 def _generate(prog: Program, steps: list[Step]) -> Callable[..., list[np.ndarray]]:
