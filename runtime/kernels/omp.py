@@ -13,7 +13,9 @@ Where its workers run is the scheduler's choice, and it can choose badly: beside
 wakes a sleeping worker on the caller's own CPU, where the two take turns and a team call takes
 longer than one thread would. So the runtime's own team kernels check where their members are on
 every call, and teams that only oneDNN starts every few calls: a member on the caller's CPU moves
-off it (apart). The caller itself is never moved. KUBETRT_TEAM_PLACEMENT=free leaves them be.
+off it (apart). The caller itself is never moved. One slot holds the caller's CPU for the process:
+with several calling threads, members keep off whichever called last. KUBETRT_TEAM_PLACEMENT=free
+leaves them be.
 """
 from __future__ import annotations
 
