@@ -64,22 +64,29 @@ NUM_THREADS = _address(_gomp, "omp_get_num_threads")
 _GETCPU, _SETAFFINITY, _ME, _CALLER_CPU, _MASKS, _MASK_BYTES, _ROWS = range(7)
 
 
+def _switch(env: Any, name: str, default: str, other: str) -> bool:
+    """Whether the two-word setting `name` is `default` (where unset) rather than `other`."""
+    value = env.get(name, default).strip().lower() or default
+    if value not in (default, other):
+        raise ValueError(f"{name}={value!r}: expected '{default}' or '{other}'")
+    return value == default
+
+
 def apart_placement(env: Any) -> bool:
     """Whether team members move off the calling thread's CPU: `apart` (the default) or `free`."""
-    value = env.get(PLACEMENT_ENV, "apart").strip().lower() or "apart"
-    if value not in ("apart", "free"):
-        raise ValueError(f"{PLACEMENT_ENV}={value!r}: expected 'apart' or 'free'")
-    return value == "apart"
+    return _switch(env, PLACEMENT_ENV, "apart", "free")
 
 
 def _placement(allowed: set[int]) -> tuple[np.ndarray, np.ndarray]:
     """The placement block and the masks it points to, for a process allowed on `allowed` CPUs."""
     rows = max(allowed) + 1 if allowed else 0
     words = max(1, (rows + 63) // 64)
-    masks = np.zeros((max(rows, 1), words), np.uint64)
-    for cpu in range(rows):
-        for other in allowed - {cpu}:
-            masks[cpu, other // 64] |= np.uint64(1 << (other % 64))
+    bits = np.zeros(words * 64, bool)
+    bits[sorted(allowed)] = True
+    masks = np.tile(bits, (max(rows, 1), 1))
+    masks[np.arange(rows), np.arange(rows)] = False  # row c: every allowed CPU but c
+    # a cpu_set_t per row: bit c % 64 of native word c // 64
+    masks = np.packbits(masks, axis=1, bitorder="little").view("<u8").astype(np.uint64)
     libc = ctypes.CDLL(None)
     block = np.array([_address(libc, "sched_getcpu"), _address(libc, "sched_setaffinity"), THREAD_NUM, -1,
                       masks.ctypes.data, words * 8, rows], np.int64)
@@ -129,10 +136,7 @@ def keep_apart() -> None:
 def adaptive_teams(env: Any) -> bool:
     """Whether calls may run on a team of one when that is faster (TeamChoice): `adaptive`
     (the default), or `static` to always run the OpenMP team."""
-    value = env.get(TEAMS_ENV, "adaptive").strip().lower() or "adaptive"
-    if value not in ("static", "adaptive"):
-        raise ValueError(f"{TEAMS_ENV}={value!r}: expected 'adaptive' or 'static'")
-    return value == "adaptive"
+    return _switch(env, TEAMS_ENV, "adaptive", "static")
 
 
 class TeamChoice:
