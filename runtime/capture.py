@@ -51,7 +51,7 @@ def may_chain(steps: list[Step]) -> bool:
 def capture(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -> tuple[list[Any], list[Step] | None]:
     """Run the plan's steps on `feeds` (this call's results) and return them with the steps of the
     plan for this signature: None where no chain forms."""
-    results, links, metas = _trace(prog, steps, feeds, failed)
+    results, links, metas = trace(prog, steps, feeds, failed)
     chained = _chained(prog, steps, links, metas)
     return results, chained
 
@@ -59,7 +59,8 @@ def capture(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) 
 Meta = tuple[tuple[int, ...], np.dtype] | None  # an operand's shape and dtype as traced; None: not an array
 
 
-def _trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -> tuple[list[Any], list[Link | None], list[list[Meta]]]:
+def trace(prog: Program, steps: list[Step], feeds: list[Any], failed: Failed) -> tuple[list[Any], list[Link | None], list[list[Meta]]]:
+    """Run the steps on `feeds` one by one: the results, and per step its link and its operands' shapes and dtypes."""
     env: dict[int, Any] = dict(zip(prog.inputs, feeds))
     links: list[Link | None] = []
     metas: list[list[Meta]] = []

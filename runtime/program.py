@@ -55,6 +55,7 @@ class Kernel:
     used_by: list[int] = field(default_factory=list)  # kernel ids consuming any output
     frees: list[int] = field(default_factory=list)  # value ids dead after this kernel
     inplace: frozenset[int] = frozenset()
+    attrs: dict[str, Any] = field(default_factory=dict)  # the node's, as optimized: what a kernel's axes are
 
 
 @dataclass
@@ -154,7 +155,7 @@ def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concu
                 raise UnsupportedOpError(f"node {node.name} ({node.op}): input {name!r} is not produced by any node")
             ins.append(ids[name])
         outs = [new_value(o) if o else -1 for o in node.outputs]
-        k = Kernel(len(kernels), node.op, node.name, ins, outs, run=_noop)
+        k = Kernel(len(kernels), node.op, node.name, ins, outs, run=_noop, attrs=node.attrs)
         for vid in ins:
             if vid >= 0:
                 values[vid].use_count += 1

@@ -28,6 +28,7 @@ import numpy as np
 
 from . import jit
 from .native import load_first
+from .parallel import STREAM
 
 TEAMS_ENV = "KUBETRT_ONEDNN_TEAMS"
 PLACEMENT_ENV = "KUBETRT_TEAM_PLACEMENT"
@@ -133,6 +134,22 @@ def keep_apart() -> None:
         _check_apart(PARALLEL, jit.entry_address(_apart_member), PLACE, TEAM)
 
 
+class Alone:
+    """Inside the block, this thread's kernels run on a team of one without timing the choice:
+    a stream of a batch split across the cores (runtime/batch_streams.py), whose cores are the
+    streams' own."""
+
+    def __enter__(self) -> None:
+        STREAM.alone = True
+        if _gomp is not None:
+            _gomp.omp_set_num_threads(1)
+
+    def __exit__(self, *_: Any) -> None:
+        STREAM.alone = False
+        if _gomp is not None:
+            _gomp.omp_set_num_threads(TEAM)
+
+
 def adaptive_teams(env: Any) -> bool:
     """Whether calls may run on a team of one when that is faster (TeamChoice): `adaptive`
     (the default), or `static` to always run the OpenMP team."""
@@ -172,6 +189,8 @@ class TeamChoice:
 
     def pick(self) -> bool:
         """Whether this call runs single-threaded."""
+        if getattr(STREAM, "alone", False):
+            return True
         self.calls += 1
         team, alone = self.mean
         if not self.ENABLED or team is None or self.calls < self.WARM or team < self.MIN_TEAM_SECONDS:
@@ -186,7 +205,8 @@ class TeamChoice:
         return serial
 
     def record(self, serial: bool, seconds: float) -> None:
-        if self.calls <= self.WARM:  # first calls pay one-time costs (compiling, loading, first touch)
+        # first calls pay one-time costs (compiling, loading, first touch); a stream's calls share the cores
+        if self.calls <= self.WARM or getattr(STREAM, "alone", False):
             return
         m = self.mean[serial]
         # a faster call counts at once, a slower one by ALPHA: one stall (a descheduled thread, a

@@ -9,6 +9,7 @@ second pool. NumPy releases the GIL inside BLAS, so the halves run truly in para
 from __future__ import annotations
 
 import os
+import threading
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Callable
 
@@ -51,6 +52,12 @@ def single_threaded_blas() -> None:
 
 
 _POOL: ThreadPoolExecutor | None = None
+STREAM = threading.local()  # .alone: this thread is one stream of several (omp.Alone sets it)
+
+
+def alone() -> bool:
+    """Whether this thread runs its kernels by itself: it is one of several streams at work, each on its own core."""
+    return getattr(STREAM, "alone", False)
 
 
 def shared_pool() -> ThreadPoolExecutor:
@@ -64,7 +71,10 @@ def shared_pool() -> ThreadPoolExecutor:
 
 
 def parts_for(flops: int, extent: int) -> int:
-    """How many threads a job of `flops` over `extent` independent slices is worth."""
+    """How many threads a job of `flops` over `extent` independent slices is worth (one in a stream:
+    the other cores run the other streams)."""
+    if alone():
+        return 1
     return max(1, min(THREADS, extent, flops // MIN_FLOPS_PER_THREAD))
 
 

@@ -1,0 +1,146 @@
+"""Batches split across the cores (runtime/batch_streams.py): a graph splits only where its
+samples never meet, a split batch runs as pieces on separate threads each on a team of one, and
+its results match TensorFlow's at the fp32 host tolerance of runtime/accuracy.py."""
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+import numpy as np
+import onnx
+import pytest
+from onnx import helper
+
+from kubetrt.runtime.accuracy import compare
+from kubetrt.runtime.batch_streams import BatchStreams, piece_size, streams_mode
+from kubetrt.runtime.devices.host import RUNTIME
+from kubetrt.runtime.executor import SequentialPlan
+from kubetrt.runtime.kernels import parallel
+from kubetrt.runtime.onnx_import import from_proto, load_package_graph
+from kubetrt.runtime.package import read_manifest
+from onnx_cases import make_model
+from test_model_families import FP32, feeds
+from test_models import tf_outputs
+
+
+class WatchedPlan(SequentialPlan):
+    """A sequential plan that notes, per call, the thread, the batch and whether the thread runs alone."""
+
+    calls: list[tuple[int, int, bool]]
+
+    def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
+        self.calls.append((threading.get_ident(), feeds[0].shape[0], parallel.alone()))
+        return super().run(feeds)
+
+
+def watched(model: onnx.ModelProto) -> WatchedPlan:
+    plan = RUNTIME.prepare(from_proto(model), {})
+    assert isinstance(plan, SequentialPlan)
+    out = WatchedPlan(plan.prog)
+    out.calls = []
+    return out
+
+
+def conv_model() -> onnx.ModelProto:
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((8, 3, 12, 12)).astype(np.float32)
+    nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("GlobalAveragePool", ["r"], ["g"]),
+             helper.make_node("Flatten", ["g"], ["f"]),
+             helper.make_node("Gemm", ["f", "d"], ["y"]),
+             helper.make_node("Softmax", ["y"], ["p"], axis=-1)]
+    weights = {"w": rng.standard_normal((16, 3, 3, 3)).astype(np.float32), "b": rng.standard_normal(16).astype(np.float32),
+               "d": rng.standard_normal((16, 5)).astype(np.float32)}
+    return make_model(nodes, {"x": x}, ["p"], weights, dynamic_batch=True)
+
+
+def test_a_split_batch_runs_as_pieces_on_two_threads_alone_with_the_whole_batchs_results() -> None:
+    plan = watched(conv_model())
+    streams = BatchStreams(plan, streams=2, mode="always", budget=1 << 40)
+    x = np.random.default_rng(1).standard_normal((8, 3, 12, 12)).astype(np.float32)
+    whole = plan.run([x])[0]
+    first = streams.run([x])[0]  # decides the split: traced, not split yet
+    plan.calls.clear()
+    split = streams.run([x])[0]
+    np.testing.assert_allclose(first, whole, rtol=0, atol=0)
+    np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-6)
+    assert {batch for _, batch, _ in plan.calls} == {4}  # each stream's share in one piece: the budget fits it
+    assert len({thread for thread, _, _ in plan.calls}) == 2
+    assert all(alone for _, _, alone in plan.calls)
+
+
+def test_pieces_keep_a_stream_within_its_cache_budget() -> None:
+    plan = watched(conv_model())
+    x = np.random.default_rng(2).standard_normal((8, 3, 12, 12)).astype(np.float32)
+    sample = 16 * 12 * 12 * 4  # bytes of the largest activation per sample: the convolution's output
+    streams = BatchStreams(plan, streams=2, mode="always", budget=2 * sample)
+    streams.run([x])
+    plan.calls.clear()
+    streams.run([x])
+    assert sorted(batch for _, batch, _ in plan.calls) == [2, 2, 2, 2]
+    assert piece_size(4, sample, 2 * sample) == 2 and piece_size(6, sample, 4 * sample) == 3 and piece_size(4, 10, 1) == 1
+
+
+def mixing_models() -> dict[str, onnx.ModelProto]:
+    x = np.random.default_rng(3).standard_normal((8, 6)).astype(np.float32)
+    cases = {
+        "softmax over the batch": [helper.make_node("Softmax", ["x"], ["y"], axis=0)],
+        "centred on the batch mean": [helper.make_node("ReduceMean", ["x"], ["m"], axes=[0], keepdims=1),
+                                      helper.make_node("Sub", ["x", "m"], ["y"])],
+        "transposed": [helper.make_node("Transpose", ["x"], ["t"], perm=[1, 0]), helper.make_node("Relu", ["t"], ["y"])],
+        "concatenated along the batch": [helper.make_node("Concat", ["x", "x"], ["y"], axis=0)],
+        "samples paired": [helper.make_node("Reshape", ["x", "s"], ["y"])],
+        "cumulative over the batch": [helper.make_node("CumSum", ["x", "a"], ["y"])],
+        "tiled along the batch": [helper.make_node("Tile", ["x", "r"], ["y"])],
+        "softmax across samples reshaped": [helper.make_node("Reshape", ["x", "across"], ["t"]),
+                                            helper.make_node("Softmax", ["t"], ["u"], axis=-1),
+                                            helper.make_node("Reshape", ["u", "back"], ["y"])],
+    }
+    inits = {"s": np.array([-1, 12], np.int64), "a": np.array(0, np.int64), "r": np.array([2, 1], np.int64),
+             "across": np.array([6, -1], np.int64), "back": np.array([-1, 6], np.int64)}
+    return {name: make_model(nodes, {"x": x}, ["y"], {k: v for k, v in inits.items() if any(k in n.input for n in nodes)},
+                             dynamic_batch=True) for name, nodes in cases.items()}
+
+
+@pytest.mark.parametrize("name", list(mixing_models()))
+def test_a_graph_whose_samples_meet_keeps_its_batch_whole(name: str) -> None:
+    plan = watched(mixing_models()[name])
+    streams = BatchStreams(plan, streams=2, mode="always", budget=1)
+    x = np.random.default_rng(4).standard_normal((8, 6)).astype(np.float32)
+    whole = plan.run([x])[0]
+    np.testing.assert_array_equal(streams.run([x])[0], whole)  # decides: traced at 8 and at a piece
+    plan.calls.clear()
+    np.testing.assert_array_equal(streams.run([x])[0], whole)
+    assert [batch for _, batch, _ in plan.calls] == [8], "the batch was split"
+
+
+def test_a_batch_that_does_not_divide_or_is_small_stays_whole() -> None:
+    plan = watched(conv_model())
+    streams = BatchStreams(plan, streams=2, mode="always")
+    for n in (1, 2, 3, 5):
+        x = np.zeros((n, 3, 12, 12), np.float32)
+        streams.run([x])
+        plan.calls.clear()
+        streams.run([x])
+        assert [batch for _, batch, _ in plan.calls] == [n]
+
+
+def test_streams_setting_is_checked() -> None:
+    assert streams_mode({}) == "auto" and streams_mode({"KUBETRT_BATCH_STREAMS": "OFF"}) == "off"
+    with pytest.raises(ValueError, match="KUBETRT_BATCH_STREAMS='sometimes': expected one of auto, always, off"):
+        streams_mode({"KUBETRT_BATCH_STREAMS": "sometimes"})
+
+
+@pytest.mark.parametrize("name,splits", [("small_cnn", True), ("unet", True), ("resize", True), ("lstm", False)])
+def test_zoo_models_split_and_match_tensorflow(zoo: Any, name: str, splits: bool) -> None:
+    package, savedmodel = zoo.package(name), zoo.savedmodel(name)
+    graph = load_package_graph(package, read_manifest(package))
+    inputs, outputs = [v.name for v in graph.inputs], [v.name for v in graph.outputs]
+    streams = BatchStreams(RUNTIME.prepare(graph, {}), streams=2, mode="always", budget=1)
+    x = feeds(package, 6, 7)
+    for _ in range(2):
+        got = streams.run([x[n] for n in inputs])
+    assert (list(streams._splits.values())[0] is not None) == splits
+    result = compare(dict(zip(outputs, got)), tf_outputs(savedmodel, x), FP32)
+    assert result.passed, f"{name} split in streams: {result.reason()}"
