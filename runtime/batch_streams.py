@@ -162,16 +162,27 @@ def piece_size(share: int, sample_bytes: int, budget: int) -> int:
 
 class StreamChoice(omp.TeamChoice):
     """Per input signature: the whole batch on the team, or streams, whichever has been faster lately
-    (`pick` says whether to stream). Streams must win by a few percent: a choice made on noise
-    costs a stream's cache."""
+    (`pick` says whether to stream). The two take turns for the first TRIALS calls each, so that
+    neither is judged on one call; then streams must win by a few percent, and a slower call (an
+    inner kernel timing its team of one, a page fault) raises a variant's time by a quarter at most:
+    a choice made on noise costs a stream's cache, or the team's speed, for EXPLORE calls."""
 
-    MARGIN = 0.95
+    MARGIN = 0.97
+    RISE = 0.1
     # the first call traced the plan and warmed the streams; the second makes the whole batch's chains
     WARM = 2
+    TRIALS = 2
     ENABLED = omp.TeamChoice.CAPABLE
 
     def __init__(self) -> None:
         super().__init__(keeps_apart=False)
+
+    def pick(self) -> bool:
+        trial = self.calls - self.WARM
+        if not self.ENABLED or trial >= 2 * self.TRIALS:
+            return super().pick()
+        self.calls += 1
+        return trial >= 0 and trial % 2 == 1
 
 
 @dataclass
@@ -198,14 +209,15 @@ class BatchStreams:
         self.mode = streams_mode(os.environ) if mode is None else mode
         self.budget = cache_bytes() // 2 if budget is None else budget
         self.active = self.mode != "off" and streams > 1
+        self.min_batch = 2 * streams  # a stream's share is a sample at least, and smaller batches gain nothing
         self._splits: dict[tuple[Any, ...], Split | None] = {}  # per input signature: None where it stays whole
 
     def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
-        if not self.active:
-            return self.plan.run(feeds)
         try:
+            if not self.active or feeds[0].shape[0] < self.min_batch:
+                return self.plan.run(feeds)
             key = tuple([x.shape for x in feeds])
-        except AttributeError:  # not arrays: the plan says what is wrong
+        except (AttributeError, IndexError):  # not arrays, or scalars: the plan says what is wrong
             return self.plan.run(feeds)
         split = self._splits.get(key, UNSEEN)
         if split is None:
@@ -240,7 +252,7 @@ class BatchStreams:
         if len(self._splits) >= MAX_SIGNATURES:
             return self.plan.run(feeds)
         n = feeds[0].shape[0] if feeds and feeds[0].ndim else 0
-        if n < 2 * self.streams or n % self.streams or any(x.ndim == 0 or x.shape[0] != n for x in feeds):
+        if n < self.min_batch or n % self.streams or any(x.ndim == 0 or x.shape[0] != n for x in feeds):
             self._splits[key] = None
             return self.plan.run(feeds)
         try:

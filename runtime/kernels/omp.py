@@ -169,6 +169,7 @@ class TeamChoice:
     """
 
     ALPHA, EXPLORE, WARM = 0.25, 256, 4
+    RISE = float("inf")  # the most one slower call raises a variant's time, as a share of it
     # One thread must beat the team by far: uncontended a team of two takes 0.5-0.6x one thread's
     # time, a stalled one 2-4x. A choice made on noise costs more than its own call: a call run
     # alone lets the team's other thread fall asleep, and the next team call waits for it to wake.
@@ -211,7 +212,7 @@ class TeamChoice:
         m = self.mean[serial]
         # a faster call counts at once, a slower one by ALPHA: one stall (a descheduled thread, a
         # page fault) must not hold the other variant for thousands of calls, as an average would
-        self.mean[serial] = seconds if m is None or seconds < m else m + self.ALPHA * (seconds - m)
+        self.mean[serial] = seconds if m is None or seconds < m else m + self.ALPHA * min(seconds - m, self.RISE * m)
 
 
 def choice_for(choices: dict[Any, TeamChoice], key: Any, keeps_apart: bool = True) -> TeamChoice:

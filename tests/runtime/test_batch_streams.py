@@ -12,7 +12,7 @@ import pytest
 from onnx import helper
 
 from kubetrt.runtime.accuracy import compare
-from kubetrt.runtime.batch_streams import BatchStreams, piece_size, streams_mode
+from kubetrt.runtime.batch_streams import BatchStreams, StreamChoice, piece_size, streams_mode
 from kubetrt.runtime.devices.host import RUNTIME
 from kubetrt.runtime.executor import SequentialPlan
 from kubetrt.runtime.kernels import parallel
@@ -144,3 +144,19 @@ def test_zoo_models_split_and_match_tensorflow(zoo: Any, name: str, splits: bool
     assert (list(streams._splits.values())[0] is not None) == splits
     result = compare(dict(zip(outputs, got)), tf_outputs(savedmodel, x), FP32)
     assert result.passed, f"{name} split in streams: {result.reason()}"
+
+
+def test_stream_choice_tries_both_then_keeps_the_faster_through_one_slow_call() -> None:
+    choice = StreamChoice()
+    choice.ENABLED = True
+    picks = []
+    for seconds_whole, seconds_streams in [(1.0, 0.8)] * 8:
+        streamed = choice.pick()
+        picks.append(streamed)
+        choice.record(streamed, seconds_streams if streamed else seconds_whole)
+    assert picks[:StreamChoice.WARM] == [False] * StreamChoice.WARM  # the first calls are the whole batch's own
+    assert picks[StreamChoice.WARM:StreamChoice.WARM + 4] == [False, True, False, True]  # turns
+    assert picks[StreamChoice.WARM + 4:] == [True, True]
+    choice.record(True, 100.0)  # one stalled streamed call
+    assert choice.mean[1] is not None and choice.mean[1] <= 0.8 * (1 + StreamChoice.ALPHA * StreamChoice.RISE) + 1e-9
+    assert choice.pick()
