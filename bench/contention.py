@@ -50,11 +50,13 @@ def condition(name: str) -> Iterator[dict[str, str]]:
         yield {}
 
 
+STATS = ("median_s", "mean_s", "p99_s")  # per worker: its calls' median, mean and 99th percentile
+
+
 def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path], seconds: float,
-            rounds: int) -> tuple[dict[tuple[str, str], float], dict[tuple[str, str], float]]:
-    """Per (engine, condition): the median of the rounds' median call times, and of their mean call times."""
-    runs: dict[tuple[str, str], list[float]] = {}
-    means: dict[tuple[str, str], list[float]] = {}
+            rounds: int) -> dict[str, dict[tuple[str, str], float]]:
+    """Per statistic of a worker's call times (STATS), per (engine, condition): the median over the rounds."""
+    runs: dict[str, dict[tuple[str, str], list[float]]] = {stat: {} for stat in STATS}
     for r in range(rounds):
         for cond in CONDITIONS:
             for engine in engines:
@@ -63,10 +65,9 @@ def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path]
                 args = ["--worker", worker, model, str(batch), *map(str, paths), "--seconds", str(seconds / rounds)]
                 with condition(cond) as env:
                     result = bench.spawn(args, env={**env, **variant_env})
-                runs.setdefault((engine, cond), []).append(result["median_s"])
-                means.setdefault((engine, cond), []).append(result["mean_s"])
-    return ({cell: statistics.median(times) for cell, times in runs.items()},
-            {cell: statistics.median(times) for cell, times in means.items()})
+                for stat in STATS:
+                    runs[stat].setdefault((engine, cond), []).append(result[stat])
+    return {stat: {cell: statistics.median(times) for cell, times in cells.items()} for stat, cells in runs.items()}
 
 
 def main() -> int:
@@ -87,7 +88,8 @@ def main() -> int:
     for m in a.models:
         paths = (z.package(m), z.savedmodel(m))
         for batch in a.batches:
-            times, means = measure(m, batch, a.engines, paths, a.seconds, a.rounds)
+            stats = measure(m, batch, a.engines, paths, a.seconds, a.rounds)
+            times, means, tails = stats["median_s"], stats["mean_s"], stats["p99_s"]
             for e in a.engines:
                 alone = times[(e, "alone")]
                 cells = "".join(f"{times[(e, c)] * 1e3:>10.3f} ms" + (f" {times[(e, c)] / alone:3.1f}x" if c != "alone" else "   ")
@@ -95,10 +97,12 @@ def main() -> int:
                 print(f"{m:<14}{batch:>6}  {e:<12}{cells}")
             for c in CONDITIONS[1:]:
                 slow = ", ".join(f"{e} {times[(e, c)] / times[(e, 'alone')]:.2f}x"
-                                 f" ({means[(e, c)] / means[(e, 'alone')]:.2f}x)" for e in a.engines)
+                                 f" ({means[(e, c)] / means[(e, 'alone')]:.2f}x, p99 {tails[(e, c)] * 1e3:.3f} ms"
+                                 f" from {tails[(e, 'alone')] * 1e3:.3f})" for e in a.engines)
                 lines.append(f"slowdown  {m} b{batch} {c}: {slow}")
     print("\nslowdown = median call time under the condition / alone (lower is better);"
-          " in brackets the same for the mean call time, which a call's stalls raise:")
+          " in brackets the same for the mean call time, which a call's stalls raise, and the 99th"
+          " percentile call time under the condition and alone:")
     print("\n".join(lines))
     return 0
 

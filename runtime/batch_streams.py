@@ -164,18 +164,26 @@ class StreamChoice(omp.TeamChoice):
     """Per input signature: the whole batch on the team, or streams, whichever has been faster lately
     (`pick` says whether to stream). The two take turns for the first TRIALS calls each, so that
     neither is judged on one call; then streams must win by a few percent, and a slower call (an
-    inner kernel timing its team of one, a page fault) raises a variant's time by a quarter at most:
-    a choice made on noise costs a stream's cache, or the team's speed, for EXPLORE calls."""
+    inner kernel timing its team of one, a page fault) raises a way's time by ALPHA * RISE at most:
+    a choice made on noise costs a stream's cache, or the team's speed, for EXPLORE calls. Streams
+    far slower after the trials are not tried again (hopeless): timing the choice costs a small
+    model's call a microsecond."""
 
     MARGIN = 0.97
     RISE = 0.1
     # the first call traced the plan and warmed the streams; the second makes the whole batch's chains
     WARM = 2
     TRIALS = 2
+    HOPELESS = 1.5  # streams this much slower than the whole batch after the trials: the signature stays whole
     ENABLED = omp.TeamChoice.CAPABLE
 
     def __init__(self) -> None:
         super().__init__(keeps_apart=False)
+
+    def hopeless(self) -> bool:
+        """Whether the trials found streams slower than the whole batch by far: not worth timing again."""
+        whole, streams = self.mean
+        return self.calls >= self.WARM + 2 * self.TRIALS and whole is not None and streams is not None and streams > self.HOPELESS * whole
 
     def pick(self) -> bool:
         trial = self.calls - self.WARM
@@ -231,6 +239,8 @@ class BatchStreams:
         start = time.perf_counter()
         results = self.streamed(split, feeds) if streamed else self.plan.run(feeds)
         choice.record(streamed, time.perf_counter() - start)
+        if streamed and choice.hopeless():
+            self._splits[key] = None
         return results
 
     def streamed(self, split: Split, feeds: list[np.ndarray]) -> list[np.ndarray]:

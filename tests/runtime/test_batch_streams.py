@@ -160,3 +160,20 @@ def test_stream_choice_tries_both_then_keeps_the_faster_through_one_slow_call() 
     choice.record(True, 100.0)  # one stalled streamed call
     assert choice.mean[1] is not None and choice.mean[1] <= 0.8 * (1 + StreamChoice.ALPHA * StreamChoice.RISE) + 1e-9
     assert choice.pick()
+
+
+def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None:
+    plan = watched(conv_model())
+    streams = BatchStreams(plan, streams=2, mode="auto", budget=1 << 40)
+    x = np.zeros((8, 3, 12, 12), np.float32)
+    streams.run([x])
+    split = streams._splits[(x.shape,)]
+    assert split is not None
+    split.choice.ENABLED = True
+    split.choice.record = lambda streamed, seconds: StreamChoice.record(split.choice, streamed, 10.0 if streamed else 1.0)  # type: ignore[method-assign]
+    for _ in range(StreamChoice.WARM + 2 * StreamChoice.TRIALS):
+        streams.run([x])
+    assert streams._splits[(x.shape,)] is None
+    plan.calls.clear()
+    streams.run([x])
+    assert [batch for _, batch, _ in plan.calls] == [8]
