@@ -190,7 +190,7 @@ class TeamChoice:
 
     def pick(self) -> bool:
         """Whether this call runs single-threaded."""
-        if getattr(STREAM, "alone", False):
+        if STREAM.alone:
             return True
         self.calls += 1
         team, alone = self.mean
@@ -207,7 +207,7 @@ class TeamChoice:
 
     def record(self, serial: bool, seconds: float) -> None:
         # first calls pay one-time costs (compiling, loading, first touch); a stream's calls share the cores
-        if self.calls <= self.WARM or getattr(STREAM, "alone", False):
+        if self.calls <= self.WARM or STREAM.alone:
             return
         m = self.mean[serial]
         # a faster call counts at once, a slower one by ALPHA: one stall (a descheduled thread, a

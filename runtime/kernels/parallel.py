@@ -52,12 +52,16 @@ def single_threaded_blas() -> None:
 
 
 _POOL: ThreadPoolExecutor | None = None
-STREAM = threading.local()  # .alone: this thread is one stream of several (omp.Alone sets it)
+class _Stream(threading.local):
+    alone = False  # a class default: reading it never raises (an attribute missing per thread costs an exception)
+
+
+STREAM = _Stream()  # .alone: this thread is one stream of several (omp.Alone sets it)
 
 
 def alone() -> bool:
     """Whether this thread runs its kernels by itself: it is one of several streams at work, each on its own core."""
-    return getattr(STREAM, "alone", False)
+    return STREAM.alone
 
 
 def shared_pool() -> ThreadPoolExecutor:
