@@ -21,7 +21,8 @@ Each (engine, model, batch) cell runs in its own subprocess, so one engine's thr
 inter-op threads, onnxruntime's and OpenVINO's workers) never slow another's measurement. Engines
 take turns round by round and each cell reports the median of its rounds' medians, because a
 shared 2-core VM has noisy spells that would otherwise land on one engine. Batch 1 is the median
-latency of back-to-back calls after warm-up (8 calls, or a second and 3 calls at least); batch 32 is throughput from the median batch time.
+latency of back-to-back calls after warm-up (8 calls, or a second and 3 calls at least); batch 32
+is throughput from the median batch time.
 The fp32 matmul peak (NumPy sgemm, 4096^3, all cores) is measured in the same run, and the host
 runtime's ResNet50 batch-32 FLOP rate is reported as a fraction of it.
 """

@@ -170,10 +170,11 @@ class TeamChoice:
 
     ALPHA, EXPLORE, WARM = 0.25, 256, 4
     RISE = float("inf")  # the most one slower call raises a variant's time, as a share of it
-    # One thread must beat the team by far: uncontended a team of two takes 0.5-0.6x one thread's
-    # time, a stalled one 2-4x. A choice made on noise costs more than its own call: a call run
+    # One thread must beat the team clearly: uncontended a team of two takes 0.5-0.6x one thread's
+    # time, a stalled one 1.5-4x. A choice made on noise costs more than its own call: a call run
     # alone lets the team's other thread fall asleep, and the next team call waits for it to wake.
-    MARGIN = 0.6
+    # A stricter margin kept some processes beside a busy core on a team stalling at 1.5x one thread.
+    MARGIN = 0.8
     MIN_TEAM_SECONDS = 100e-6  # shorter calls keep the team: their timings are mostly noise
     APART_EVERY = 8  # team calls per placement check (keep_apart): a misplaced worker stays misplaced
     CAPABLE = AVAILABLE and TEAM > 1

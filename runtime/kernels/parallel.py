@@ -51,7 +51,6 @@ def single_threaded_blas() -> None:
         pass
 
 
-_POOL: ThreadPoolExecutor | None = None
 class _Stream(threading.local):
     alone = False  # a class default: reading it never raises (an attribute missing per thread costs an exception)
 
@@ -62,6 +61,9 @@ STREAM = _Stream()  # .alone: this thread is one stream of several (omp.Alone se
 def alone() -> bool:
     """Whether this thread runs its kernels by itself: it is one of several streams at work, each on its own core."""
     return STREAM.alone
+
+
+_POOL: ThreadPoolExecutor | None = None
 
 
 def shared_pool() -> ThreadPoolExecutor:
