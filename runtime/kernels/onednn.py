@@ -26,6 +26,7 @@ import numpy as np
 
 from . import activations, jit, omp
 from .activations import Act, Eltwise
+from ..memory import aligned
 from .native import load_first
 from .omp import TeamChoice, TeamOf
 
@@ -241,13 +242,6 @@ def _memory(md: Any, data: int) -> ctypes.c_void_p:
     mem = ctypes.c_void_p()
     check(_lib.dnnl_memory_create(ctypes.byref(mem), md, _library().engine, ctypes.c_void_p(data)), "memory_create")  # type: ignore[union-attr]
     return mem
-
-
-def aligned(nbytes: int) -> np.ndarray:
-    """A 64-byte aligned byte buffer (oneDNN's blocked kernels load whole cache lines)."""
-    raw = np.empty(nbytes + 64, dtype=np.uint8)
-    off = (-raw.ctypes.data) % 64
-    return raw[off:off + nbytes]
 
 
 class Stream:

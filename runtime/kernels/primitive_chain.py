@@ -23,6 +23,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from ..memory import aligned
 from . import jit, omp, onednn
 from .registry import Run
 
@@ -161,7 +162,7 @@ class _Arena:
 
     def __init__(self, chain: "PrimitiveChain") -> None:
         self.chain = chain
-        self.memory = onednn.aligned(max(chain.arena_bytes, 1))
+        self.memory = aligned(max(chain.arena_bytes, 1))
         self.stream = onednn.Stream()
         base = self.memory.ctypes.data
         self.ptrs = np.array([*onednn.C_FUNCTIONS, self.stream.handle.value or 0, omp.PARALLEL]
@@ -176,7 +177,7 @@ class _Arena:
         chain = self.chain
         made = [row.step.primitive(serial) if isinstance(row.step, onednn.Site) else None for row in chain.rows]
         scratch_bytes = max([m[0].scratch_bytes for m in made if m is not None] or [0])
-        scratch = onednn.aligned(scratch_bytes) if scratch_bytes else None  # rows run one after another: one scratchpad
+        scratch = aligned(scratch_bytes) if scratch_bytes else None  # rows run one after another: one scratchpad
         rows = []
         for row, m in zip(chain.rows, made):
             step = row.step

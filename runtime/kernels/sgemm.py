@@ -27,6 +27,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from . import activations, jit, omp
+from ..memory import aligned_empty
 from .jit import SCALAR_CLAMP, SCALAR_GELU
 from .omp import TeamChoice
 from .primitive_chain import KernelCall
@@ -259,7 +260,9 @@ def _packed(w: np.ndarray) -> np.ndarray:
     count = -(-n // NR)
     padded = np.zeros((k, count * NR), dtype=_F32)
     padded[:, :n] = w
-    return np.ascontiguousarray(padded.reshape(k, count, NR).transpose(1, 0, 2))
+    panels = aligned_empty((count, k, NR), _F32)  # a panel row is a cache line: loads must not straddle two
+    panels[...] = padded.reshape(k, count, NR).transpose(1, 0, 2)
+    return panels
 
 
 class _Packing(NamedTuple):
