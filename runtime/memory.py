@@ -13,8 +13,6 @@ import ctypes.util
 import os
 import sys
 
-import numpy as np
-
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3
 MMAP_THRESHOLD = 256 << 20
 TRIM_THRESHOLD = 1 << 30
@@ -36,16 +34,3 @@ def keep_freed_memory() -> bool:
     _done = ok
     return ok
 
-
-def aligned(nbytes: int) -> np.ndarray:
-    """A 64-byte aligned byte buffer: vector kernels load whole cache lines, and a heap array's
-    start moves with the process's allocation history (16 bytes past a line in some processes)."""
-    raw = np.empty(nbytes + 64, dtype=np.uint8)
-    off = (-raw.ctypes.data) % 64
-    return raw[off:off + nbytes]
-
-
-def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
-    """np.empty(shape, dtype), 64-byte aligned."""
-    dt = np.dtype(dtype)
-    return aligned(int(np.prod(shape)) * dt.itemsize).view(dt).reshape(shape)

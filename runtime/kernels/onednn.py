@@ -26,7 +26,7 @@ import numpy as np
 
 from . import activations, jit, omp
 from .activations import Act, Eltwise
-from ..memory import aligned
+from .buffers import aligned
 from .native import load_first
 from .omp import TeamChoice, TeamOf
 

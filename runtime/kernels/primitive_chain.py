@@ -23,8 +23,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ..memory import aligned
 from . import jit, omp, onednn
+from .buffers import aligned
 from .registry import Run
 
 INPUT, RESULT, ARENA = range(3)  # where a chain buffer lives: a caller's array, a fresh array per call, the arena

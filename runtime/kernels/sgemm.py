@@ -27,7 +27,7 @@ from typing import Any, NamedTuple, Sequence
 import numpy as np
 
 from . import activations, jit, omp
-from ..memory import aligned_empty
+from .buffers import aligned_empty
 from .jit import SCALAR_CLAMP, SCALAR_GELU
 from .omp import TeamChoice
 from .primitive_chain import KernelCall
