@@ -33,4 +33,3 @@ def keep_freed_memory() -> bool:
         return False
     _done = ok
     return ok
-
