@@ -258,11 +258,12 @@ class BatchStreams:
         return [np.concatenate(outs) for outs in zip(*parts)]
 
     def _first(self, key: tuple[Any, ...], feeds: list[np.ndarray]) -> list[np.ndarray]:
-        """The first call with a signature: its results, and whether (and how) later ones split."""
+        """The first call with a signature (run() saw its first input's batch): its results, and
+        whether (and how) later ones split."""
         if len(self._splits) >= MAX_SIGNATURES:
             return self.plan.run(feeds)
-        n = feeds[0].shape[0] if feeds and feeds[0].ndim else 0
-        if n < self.min_batch or n % self.streams or any(x.ndim == 0 or x.shape[0] != n for x in feeds):
+        n = feeds[0].shape[0]
+        if n % self.streams or any(x.ndim == 0 or x.shape[0] != n for x in feeds):
             self._splits[key] = None
             return self.plan.run(feeds)
         try:

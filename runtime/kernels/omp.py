@@ -134,22 +134,6 @@ def keep_apart() -> None:
         _check_apart(PARALLEL, jit.entry_address(_apart_member), PLACE, TEAM)
 
 
-class Alone:
-    """Inside the block, this thread's kernels run on a team of one without timing the choice:
-    a stream of a batch split across the cores (runtime/batch_streams.py), whose cores are the
-    streams' own."""
-
-    def __enter__(self) -> None:
-        STREAM.alone = True
-        if _gomp is not None:
-            _gomp.omp_set_num_threads(1)
-
-    def __exit__(self, *_: Any) -> None:
-        STREAM.alone = False
-        if _gomp is not None:
-            _gomp.omp_set_num_threads(TEAM)
-
-
 def adaptive_teams(env: Any) -> bool:
     """Whether calls may run on a team of one when that is faster (TeamChoice): `adaptive`
     (the default), or `static` to always run the OpenMP team."""
@@ -243,3 +227,20 @@ class TeamOf:
     def __exit__(self, *_: Any) -> None:
         if _gomp is not None and self.threads != TEAM:
             _gomp.omp_set_num_threads(TEAM)
+
+
+class Alone(TeamOf):
+    """Inside the block, this thread's kernels run on a team of one without timing the choice:
+    a stream of a batch split across the cores (runtime/batch_streams.py), whose cores are the
+    streams' own."""
+
+    def __init__(self) -> None:
+        super().__init__(1)
+
+    def __enter__(self) -> None:
+        STREAM.alone = True
+        super().__enter__()
+
+    def __exit__(self, *_: Any) -> None:
+        STREAM.alone = False
+        super().__exit__()
