@@ -27,9 +27,12 @@ class WatchedPlan(SequentialPlan):
     """A sequential plan that notes, per call, the thread, the batch and whether the thread runs alone."""
 
     calls: list[tuple[int, int, bool]]
+    meet: threading.Barrier | None = None  # where set, each call waits for another thread's
 
     def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         self.calls.append((threading.get_ident(), feeds[0].shape[0], parallel.alone()))
+        if self.meet is not None:
+            self.meet.wait()
         return super().run(feeds)
 
 
@@ -62,6 +65,9 @@ def test_a_split_batch_runs_as_pieces_on_two_threads_alone_with_the_whole_batchs
     whole = plan.run([x])[0]
     first = streams.run([x])[0]  # decides the split: traced, not split yet
     plan.calls.clear()
+    # the caller's piece waits for the other stream's: the caller cannot take the other share back
+    # and run it itself, as it may where the shared pool is busy with other work
+    plan.meet = threading.Barrier(2, timeout=60)
     split = streams.run([x])[0]
     np.testing.assert_allclose(first, whole, rtol=0, atol=0)
     np.testing.assert_allclose(split, whole, rtol=1e-5, atol=1e-6)
