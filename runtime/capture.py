@@ -17,7 +17,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .kernels import primitive_chain
-from .kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
+from .kernels.primitive_chain import ALIGN, ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
 from .program import Program, Step
 
 CHAINS_ENV = "KUBETRT_PRIMITIVE_CHAINS"
@@ -26,7 +26,6 @@ CHAINS_ENV = "KUBETRT_PRIMITIVE_CHAINS"
 # the kernel as new pages, which it faults in and zeroes on the first write, each call; the arena's
 # pages stay mapped. Above it, holding the memory per concurrent caller costs more than that saves.
 ARENA_LIMIT = 1 << 30
-ALIGN = 64
 Failed = Callable[[Program, int, BaseException], BaseException]
 
 

@@ -7,14 +7,15 @@ residual add, activation) is applied in place on the GEMM output while it is sti
 from __future__ import annotations
 
 import functools
+import math
 from typing import Any, Callable
 
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import activations, jit, onednn, parallel, sgemm
+from . import activations, jit, onednn, parallel, primitive_chain, sgemm
 from .primitive_chain import Link, linkable
-from .reduce import softmax
+from .reduce import softmax, softmax_call
 from .registry import SOFTMAX_SCALE, OutputShapes, KernelSpec, Run, register
 
 
@@ -378,7 +379,8 @@ def _chain_layers(spec: KernelSpec) -> list[KernelSpec]:
 def dense_chain(spec: KernelSpec) -> Run:
     """DenseChain(a, w1, b1, ..., wL, bL): the layers in order, each act(y @ w + b), then the
     (log)softmax over the last axis its `softmax` attr names. At the row counts where the packed
-    kernel runs a layer, one chained call runs it all; otherwise each step runs as its own node would."""
+    kernel runs a layer, one chained call runs it all; at more rows, the layers' oneDNN primitives
+    and the softmax run as one primitive chain; otherwise each step runs as its own node would."""
     layers = _chain_layers(spec)
     runs = [matmul(layer) for layer in layers]
     tail = spec.attr("softmax")
@@ -386,13 +388,34 @@ def dense_chain(spec: KernelSpec) -> Run:
                                                        [None], [_chain_shape(spec)[0][0]], [spec.dtypes[0]], inplace=frozenset({0}), present=[True]))
     chain = sgemm.chain_for_layers([sgemm.dense_for_node(layer, layer.const(1)) for layer in layers], spec.name,
                                    None if tail is None else (bool(tail["log"]), float(tail["scale"])))
+    denses = [onednn.dense_for_node(layer, layer.const(1)) for layer in layers]
+    consts = [layer.const(i) if layer.has(i) else None for layer in layers for i in (1, 2)]
+    in_line: dict[tuple[int, ...], primitive_chain.PrimitiveChain | None] = {}  # per input shape, at many rows
 
-    def run(a: np.ndarray, *weights: np.ndarray | None) -> tuple[np.ndarray, ...]:
-        if chain is not None and a.dtype == np.float32 and sgemm.few_rows(a):
-            return (chain(a),)
+    def layer_by_layer(a: np.ndarray, *weights: np.ndarray | None) -> tuple[np.ndarray, ...]:
         for i, layer in enumerate(runs):
             a = layer(a, weights[2 * i], weights[2 * i + 1])[0]
         return (a,) if end is None else end(a)
+
+    def line_for(shape: tuple[int, ...]) -> primitive_chain.PrimitiveChain | None:
+        """The layers' oneDNN primitives (and the softmax) as one chain for inputs of `shape`."""
+        if not primitive_chain.AVAILABLE or any(d is None for d in denses):
+            return in_line.setdefault(shape, None)
+        rows = math.prod(shape[:-1])
+        steps: list[primitive_chain.Callee] = [d.site(rows) for d in denses if d is not None]
+        result = tuple(shape[:-1]) + (steps[-1].shape[-1],)
+        if tail is not None:
+            steps.append(softmax_call(result, bool(tail["log"]), float(tail["scale"])))
+        return in_line.setdefault(shape, primitive_chain.in_line(steps, shape, result, lambda a: layer_by_layer(a, *consts), spec.name))
+
+    def run(a: np.ndarray, *weights: np.ndarray | None) -> tuple[np.ndarray, ...]:
+        if a.dtype == np.float32:
+            if chain is not None and sgemm.few_rows(a):
+                return (chain(a),)
+            line = in_line[a.shape] if a.shape in in_line else line_for(a.shape)
+            if line is not None:
+                return line(a)
+        return layer_by_layer(a, *weights)
 
     def link(a: np.ndarray, *_weights: np.ndarray | None) -> Link | None:
         if chain is None or a.dtype != np.float32 or not sgemm.few_rows(a):

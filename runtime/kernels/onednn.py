@@ -695,6 +695,10 @@ class Dense(_FusedOp):
                 check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
         return _descriptor_with([src_md, w_md, bias_md, dst_md], create)
 
+    def site(self, rows: int) -> "Site":
+        """The call site for `rows` rows of input: what a chain calls."""
+        return _site(self, (rows,), (rows, self.n))
+
     def __call__(self, a: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         k, n = self.k, self.n
         if a.dtype != self.src_dtype or a.ndim < 1 or a.shape[-1] != k:

@@ -16,6 +16,7 @@ made for the chain as a whole.
 from __future__ import annotations
 
 import ctypes
+import math
 import time
 import weakref
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from .buffers import aligned
 from .registry import Run
 
 INPUT, RESULT, ARENA = range(3)  # where a chain buffer lives: a caller's array, a fresh array per call, the arena
+ALIGN = 64  # bytes: where each arena buffer starts
 
 
 @dataclass(frozen=True)
@@ -252,3 +254,20 @@ class PrimitiveChain:
             onednn.check(status, f"chain {self.name}")
         bases = xs + results
         return tuple([bases[b] if shape is None else bases[b].reshape(shape) for b, shape in self._views])
+
+
+def in_line(steps: list[Callee], shape: tuple[int, ...], result_shape: tuple[int, ...],
+            fallback: Callable[..., tuple[np.ndarray, ...]], name: str) -> PrimitiveChain:
+    """A chain of steps each reading the one before's result, for one input of `shape`: a kernel
+    whose layers are primitives (a dense chain at many rows) runs them without a Python call each.
+    Inner results take turns in two arena buffers; the last step writes the result (`result_shape`)."""
+    inner = [-(-math.prod(step.shape) * step.dst_dtype.itemsize // ALIGN) * ALIGN for step in steps[:-1]]
+    half = max(inner, default=0)
+    buffers = [Buffer(INPUT, 0, shape, steps[0].src_dtype), Buffer(ARENA, 0, (half,), np.dtype(np.uint8)),
+               Buffer(ARENA, half, (half,), np.dtype(np.uint8)), Buffer(RESULT, 0, result_shape, steps[-1].dst_dtype)]
+    rows, src = [], 0
+    for i, step in enumerate(steps):
+        dst = 3 if i == len(steps) - 1 else 1 + i % 2
+        rows.append(Row(step, src, dst))
+        src = dst
+    return PrimitiveChain(rows, buffers, [(3, result_shape)], 2 * half, fallback, name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 
 from . import jit
+from .primitive_chain import KernelCall
 from .registry import SOFTMAX_SCALE, ints, OutputShapes, KernelSpec, Run, norm_axis, register, same_as_input
 
 
@@ -73,6 +74,32 @@ def softmax_inplace(x: np.ndarray, axis: int) -> np.ndarray:
     np.exp(x, out=x)
     x /= x.sum(axis=axis, keepdims=True)
     return x
+
+
+_SM_SRC, _SM_DST, _SM_ROWS, _SM_WIDTH, _SM_LOG, _SM_SCALE, _SM_FIELDS = range(7)  # softmax_call's parameter block
+
+if jit.AVAILABLE:
+    from numba import carray
+
+    def _softmax_member(data):  # compiled into a C callable by jit.entry_address
+        q = carray(jit.int64s_at(data), (_SM_FIELDS,))
+        size, width = q[_SM_ROWS] * q[_SM_WIDTH], q[_SM_WIDTH]
+        dst = carray(jit.float32s_at(q[_SM_DST]), (size,))
+        if q[_SM_SRC] != q[_SM_DST]:
+            dst[:] = carray(jit.float32s_at(q[_SM_SRC]), (size,))
+        scale = carray(jit.float32s_at(q[_SM_SCALE]), (1,))[0]
+        jit.softmax_row_range(dst, width, q[_SM_LOG] != 0, scale, 0, q[_SM_ROWS])
+
+
+def softmax_call(shape: tuple[int, ...], log: bool, scale: float) -> KernelCall:
+    """(Log)softmax of scale * x over the last axis of float32 `shape`, on the calling thread, as
+    a primitive chain runs it: a classifier's tail after its last layer."""
+
+    def block() -> tuple[np.ndarray, np.ndarray]:
+        q, held = np.zeros(_SM_FIELDS, np.int64), np.array([scale], np.float32)
+        q[_SM_ROWS], q[_SM_WIDTH], q[_SM_LOG], q[_SM_SCALE] = int(np.prod(shape[:-1])), shape[-1], log, held.ctypes.data
+        return q, held
+    return KernelCall(jit.entry_address(_softmax_member), block, _SM_SRC, _SM_DST, shape, team=False)
 
 
 @register(["Softmax", "LogSoftmax"], same_as_input)

@@ -1,7 +1,7 @@
 """Dense chains: the pass that joins dense layers feeding only each other into one DenseChain
 node (runtime/passes/chains.py) and the kernel that runs it in one team call at few rows
-(sgemm.PackedChain), layer by layer beyond. Against float64 NumPy and, in plans, onnxruntime;
-fp32 tolerance from the one table (runtime/accuracy.py)."""
+(sgemm.PackedChain), as one primitive chain of its layers' oneDNN calls beyond. Against float64
+NumPy and, in plans, onnxruntime; fp32 tolerance from the one table (runtime/accuracy.py)."""
 from __future__ import annotations
 
 import math
@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from kubetrt.runtime.accuracy import tolerance_for
-from kubetrt.runtime.kernels import onednn, sgemm
+from kubetrt.runtime.kernels import onednn, primitive_chain, sgemm
 from kubetrt.runtime.kernels.activations import scalar_form
 from kubetrt.runtime.kernels.omp import TeamChoice
 from onnx_cases import make_model, node, run_ort, run_plan
@@ -137,6 +137,61 @@ def test_an_mlp_and_its_softmax_become_one_chain_that_matches_onnxruntime(batch:
     assert ops == ["DenseChain"], ops
     chained = batch <= sgemm.MAX_ROWS or not onednn.AVAILABLE
     assert chain_calls == ([(batch, 64)] if chained else []), chain_calls
+
+
+@pytest.fixture
+def primitive_calls(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Counts the primitive chains' calls and the oneDNN calls made one by one from Python."""
+    calls = {"chain": 0, "site": 0}
+    chain, site = primitive_chain.PrimitiveChain.__call__, onednn.Site.__call__
+
+    def chain_spy(self: primitive_chain.PrimitiveChain, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        calls["chain"] += 1
+        return chain(self, *xs)
+
+    def site_spy(self: onednn.Site, *args: Any, **kwargs: Any) -> np.ndarray:
+        calls["site"] += 1
+        return site(self, *args, **kwargs)
+    monkeypatch.setattr(primitive_chain.PrimitiveChain, "__call__", chain_spy)
+    monkeypatch.setattr(onednn.Site, "__call__", site_spy)
+    return calls
+
+
+@pytest.mark.skipif(not primitive_chain.AVAILABLE, reason="oneDNN is missing: many rows run layer by layer on NumPy")
+@pytest.mark.parametrize("shape", [(32, 64), (3, 20, 64)], ids=["rows", "sequences"])
+@pytest.mark.parametrize("tail", ["Softmax", "LogSoftmax", None])
+def test_at_many_rows_the_layers_primitives_run_as_one_chain(shape: tuple[int, ...], tail: str | None,
+                                                            primitive_calls: dict[str, int]) -> None:
+    nodes, init = mlp(["Relu", "Relu", None], [64, 96, 80, 10], tail or "Softmax")
+    if tail is None:
+        nodes.pop()
+        nodes[-1].output[0] = "y"
+    feeds = {"x": f32(*shape)}
+    model = make_model(nodes, feeds, ["y"], init)
+    want = run_ort(model, feeds)[0]
+    for call in range(3):
+        (got,), ops = run_plan(model, feeds)
+        assert ops == ["DenseChain"], ops
+        assert got.shape == shape[:-1] + (10,)
+        close(got, want)
+    assert primitive_calls == {"chain": 3, "site": 0}, primitive_calls
+
+
+@pytest.mark.skipif(not primitive_chain.AVAILABLE, reason="oneDNN is missing: many rows run layer by layer on NumPy")
+@pytest.mark.parametrize("softmax", [(False, 1.0), (True, 1.0), (False, 0.125)], ids=["softmax", "log-softmax", "scaled"])
+def test_a_primitive_chain_s_softmax_gives_the_softmax_kernel_s_bits(softmax: tuple[bool, float]) -> None:
+    from kubetrt.runtime.kernels import jit
+    from kubetrt.runtime.kernels.reduce import softmax_call
+
+    log, scale = softmax
+    dense = onednn.Dense(f32(40, 12), f32(12), None, residual=False, name="head")
+    a = f32(33, 40) * 4
+    line = primitive_chain.in_line([dense.site(33), softmax_call((33, 12), log, scale)], a.shape, (33, 12), lambda x: (x,), "head")
+    (got,) = line(a)
+    np.testing.assert_array_equal(got, jit.softmax_rows(dense(a), log, scale))
+    z = scale * (a.astype(np.float64) @ dense.w + dense.bias)
+    z -= z.max(axis=-1, keepdims=True)
+    close(got, z - np.log(np.exp(z).sum(axis=-1, keepdims=True)) if log else np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True))
 
 
 def test_a_classifier_head_of_one_layer_takes_its_softmax_in() -> None:
