@@ -103,6 +103,13 @@ if jit.AVAILABLE and omp.PARALLEL:
                 acc[ch] += row[ch]
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _scale_rows(rows, out, gate, lo, hi):
+        for r in range(lo, hi):
+            row, orow = rows[r], out[r]
+            for ch in range(gate.size):
+                orow[ch] = row[ch] * gate[ch]
+
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _excite(q, means, hidden, rows, out, lo, hi):
         # means -> gate (in means' place), then out[lo:hi] = rows[lo:hi] * gate
         w1 = carray(jit.float32s_at(q[_W1]), (q[_CR], q[_C]))
@@ -115,10 +122,7 @@ if jit.AVAILABLE and omp.PARALLEL:
         gate = means  # the means are spent once the hidden layer holds them
         _dense(hidden, w2, b2, gate)
         _activate(gate, q[_FORM2], bounds[2], bounds[3])
-        for r in range(lo, hi):
-            row, orow = rows[r], out[r]
-            for ch in range(gate.size):
-                orow[ch] = row[ch] * gate[ch]
+        _scale_rows(rows, out, gate, lo, hi)
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _share(q, team, me):
@@ -126,7 +130,9 @@ if jit.AVAILABLE and omp.PARALLEL:
         x = carray(jit.float32s_at(q[_X]), (n, hw, c))
         out = carray(jit.float32s_at(q[_OUT]), (n, hw, c))
         sums = carray(jit.float32s_at(q[_SCRATCH]), (team, n, c))
-        mine = carray(jit.float32s_at(q[_SCRATCH] + 4 * team * n * c + 4 * me * (c + cr)), (c + cr,))
+        # what a member writes often is its own (a heap array, its sums written once): members
+        # writing into one cache line (neighbouring rows of the scratch) took turns at it
+        mine = np.empty(c + cr, np.float32)
         means, hidden = mine[:c], mine[c:]
         inv = np.float32(1.0 / hw)
         if n % team == 0:  # whole images per member: the scale re-reads an image this core just summed
@@ -137,8 +143,10 @@ if jit.AVAILABLE and omp.PARALLEL:
                 _excite(q, means, hidden, x[i], out[i], 0, hw)
             return
         lo, hi = hw * me // team, hw * (me + 1) // team
+        local = np.empty(c, np.float32)
         for i in range(n):  # squeeze: this member's rows of each image
-            _squeeze(x[i], lo, hi, sums[me, i])
+            _squeeze(x[i], lo, hi, local)
+            sums[me, i] = local
         jit.c_call0(q[_BARRIER])
         for i in range(n):  # excite: every member computes the whole gate, then scales its rows
             for ch in range(c):
@@ -150,8 +158,8 @@ if jit.AVAILABLE and omp.PARALLEL:
 
     @jit.njit(cache=True)
     def _scratch_floats(team, n, c, cr):
-        # every member's channel sums of every image, then its own means and hidden values
-        return team * (n * c + c + cr)
+        # every member's channel sums of every image, each written once
+        return team * n * c
 
     def _member(data):  # compiled into a C callable by jit.entry_address
         q = carray(jit.int64s_at(data), (_SIZE,))
