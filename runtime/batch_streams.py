@@ -222,7 +222,7 @@ class BatchStreams:
 
     def run(self, feeds: list[np.ndarray]) -> list[np.ndarray]:
         try:
-            if not self.active or feeds[0].shape[0] < self.min_batch:
+            if not self.active or feeds[0].shape[0] < self.min_batch or parallel.alone():  # alone: on one thread as a whole
                 return self.plan.run(feeds)
             key = tuple([x.shape for x in feeds])
         except (AttributeError, IndexError):  # not arrays, or scalars: the plan says what is wrong

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .batch_streams import streamed
+from .call_teams import call_teams
 from .devices import get_device, resolve_device
 from .engine import read_engine
 from .errors import InputError
@@ -170,5 +171,5 @@ def load_model(package_dir: str | os.PathLike[str], device: str = "host", *, eng
         options["executor"] = executor
     graph_inputs = [v.name for v in graph.inputs]
     graph_outputs = [v.name for v in graph.outputs]
-    exe = streamed(dev.prepare(graph, options))
+    exe = call_teams(streamed(dev.prepare(graph, options)))
     return Model(package_dir, manifest, exe, graph_inputs, graph_outputs, name, engine)

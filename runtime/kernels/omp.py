@@ -140,6 +140,14 @@ def adaptive_teams(env: Any) -> bool:
     return _switch(env, TEAMS_ENV, "adaptive", "static")
 
 
+def recent(seconds_so_far: float | None, seconds: float, alpha: float, rise: float) -> float:
+    """A way's recent time after a call of `seconds`: a faster call counts at once, a slower one by
+    `alpha`, and by `rise` times the time so far at most. One stall (a descheduled thread, a page
+    fault) must not hold the other way for thousands of calls, as an average would."""
+    m = seconds_so_far
+    return seconds if m is None or seconds < m else m + alpha * min(seconds - m, rise * m)
+
+
 class TeamChoice:
     """Per kernel and input shape: run the OpenMP team or a team of one, whichever has been faster lately.
 
@@ -194,10 +202,7 @@ class TeamChoice:
         # first calls pay one-time costs (compiling, loading, first touch); a stream's calls share the cores
         if self.calls <= self.WARM or STREAM.alone:
             return
-        m = self.mean[serial]
-        # a faster call counts at once, a slower one by ALPHA: one stall (a descheduled thread, a
-        # page fault) must not hold the other variant for thousands of calls, as an average would
-        self.mean[serial] = seconds if m is None or seconds < m else m + self.ALPHA * min(seconds - m, self.RISE * m)
+        self.mean[serial] = recent(self.mean[serial], seconds, self.ALPHA, self.RISE)
 
 
 def choice_for(choices: dict[Any, TeamChoice], key: Any, keeps_apart: bool = True) -> TeamChoice:
