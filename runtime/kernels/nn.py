@@ -375,6 +375,9 @@ def _chain_layers(spec: KernelSpec) -> list[KernelSpec]:
     return layers
 
 
+MAX_IN_LINE = 16  # input shapes a dense chain keeps a primitive chain for; others run layer by layer
+
+
 @register("DenseChain", _chain_shape)
 def dense_chain(spec: KernelSpec) -> Run:
     """DenseChain(a, w1, b1, ..., wL, bL): the layers in order, each act(y @ w + b), then the
@@ -388,7 +391,8 @@ def dense_chain(spec: KernelSpec) -> Run:
                                                        [None], [_chain_shape(spec)[0][0]], [spec.dtypes[0]], inplace=frozenset({0}), present=[True]))
     chain = sgemm.chain_for_layers([sgemm.dense_for_node(layer, layer.const(1)) for layer in layers], spec.name,
                                    None if tail is None else (bool(tail["log"]), float(tail["scale"])))
-    denses = [onednn.dense_for_node(layer, layer.const(1)) for layer in layers]
+    found = [onednn.dense_for_node(layer, layer.const(1)) for layer in layers]
+    denses = [d for d in found if d is not None] if primitive_chain.AVAILABLE and None not in found else []  # every layer's, or none
     consts = [layer.const(i) if layer.has(i) else None for layer in layers for i in (1, 2)]
     in_line: dict[tuple[int, ...], primitive_chain.PrimitiveChain | None] = {}  # per input shape, at many rows
 
@@ -398,11 +402,14 @@ def dense_chain(spec: KernelSpec) -> Run:
         return (a,) if end is None else end(a)
 
     def line_for(shape: tuple[int, ...]) -> primitive_chain.PrimitiveChain | None:
-        """The layers' oneDNN primitives (and the softmax) as one chain for inputs of `shape`."""
-        if not primitive_chain.AVAILABLE or any(d is None for d in denses):
-            return in_line.setdefault(shape, None)
+        """The layers' oneDNN primitives (and the softmax) as one chain for inputs of `shape`; None
+        where they cannot run it (layer by layer then names what is wrong with the input)."""
+        if len(in_line) >= MAX_IN_LINE:  # not kept: inputs of ever new shapes must not grow this
+            return None
         rows = math.prod(shape[:-1])
-        steps: list[primitive_chain.Callee] = [d.site(rows) for d in denses if d is not None]
+        if not denses or not rows or shape[-1] != denses[0].k:
+            return in_line.setdefault(shape, None)
+        steps: list[primitive_chain.Callee] = [d.site(rows) for d in denses]
         result = tuple(shape[:-1]) + (steps[-1].shape[-1],)
         if tail is not None:
             steps.append(softmax_call(result, bool(tail["log"]), float(tail["scale"])))

@@ -194,6 +194,34 @@ def test_a_primitive_chain_s_softmax_gives_the_softmax_kernel_s_bits(softmax: tu
     close(got, z - np.log(np.exp(z).sum(axis=-1, keepdims=True)) if log else np.exp(z) / np.exp(z).sum(axis=-1, keepdims=True))
 
 
+@pytest.mark.skipif(not primitive_chain.AVAILABLE, reason="oneDNN is missing: many rows run layer by layer on NumPy")
+def test_at_many_rows_new_shapes_stop_being_kept_and_a_wrong_input_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
+    from kubetrt.runtime.devices.host import RUNTIME
+    from kubetrt.runtime.kernels import nn
+    from kubetrt.runtime.onnx_import import from_proto
+
+    made: list[tuple[int, ...]] = []
+    real = primitive_chain.in_line
+
+    def spy(steps: Any, shape: tuple[int, ...], *rest: Any) -> Any:
+        made.append(shape)
+        return real(steps, shape, *rest)
+    monkeypatch.setattr(primitive_chain, "in_line", spy)
+    monkeypatch.setattr(nn, "MAX_IN_LINE", 3)
+    nodes, init = mlp(["Relu", None], [64, 48, 10])
+    model = make_model(nodes, {"x": f32(32, 64)}, ["y"], init, dynamic_batch=True)
+    plan = RUNTIME.prepare(from_proto(model), {})
+    ((step, ins, *_),) = plan.steps
+    consts = [plan.prog.values[v].const if v >= 0 else None for v in ins[1:]]
+    with pytest.raises(ValueError, match=r"MatMul .*: expected a float32 input of shape \[\.\.\., 64\], got float32 of shape \(32, 63\)"):
+        step(f32(32, 63), *consts)
+    assert step(f32(0, 64), *consts)[0].shape == (0, 10)
+    for rows in range(17, 23):
+        x = f32(rows, 64)
+        close(step(x, *consts)[0], run_ort(model, {"x": x})[0])
+    assert made == [(17, 64), (18, 64)], "a primitive chain for each of the first shapes only (the bad one counts)"
+
+
 def test_a_classifier_head_of_one_layer_takes_its_softmax_in() -> None:
     nodes, init = mlp([None], [48, 10])
     feeds = {"x": f32(1, 48)}
