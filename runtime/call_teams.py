@@ -33,7 +33,9 @@ class CallWay:
     windows by ALPHA; a window's first call is left out (after a switch it pays the other
     thread's wake-up or the other core's cache: the switch's cost, not the way's). At a window's
     end the next one's way is chosen: alone where one thread beats the team by MARGIN, and now and
-    then the other way, so that both stay timed."""
+    then the other way, so that both stay timed. Where the team's fastest windows (its time without
+    stalls) take over LONG_CALL, or one thread takes GAIN times as long, the team keeps the calls
+    for good."""
 
     # windows: the other way runs one window in this many; one thread rarely (the team leads by far
     # where no neighbour is, and small models pay for each window alone), the team more often (a
@@ -42,6 +44,7 @@ class CallWay:
     WARM = 2  # windows on the team before any choosing: first calls pay one-time costs
     MARGIN = omp.TeamChoice.MARGIN
     ALPHA = 0.25
+    RISE = 0.1  # a stalled window raises the team's fastest time by ALPHA * RISE at most
     # Calls longer than this keep the team for good: their kernels are long enough to choose for
     # themselves, and a window alone would cost seconds.
     LONG_CALL = 2e-3
@@ -70,7 +73,7 @@ class CallWay:
                 self.one = mean if self.one is None else self.one + self.ALPHA * (mean - self.one)
             else:
                 self.team = mean if self.team is None else self.team + self.ALPHA * (mean - self.team)
-                self.team_low = omp.recent(self.team_low, mean, self.ALPHA, 0.1)
+                self.team_low = omp.recent(self.team_low, mean, self.ALPHA, self.RISE)
         self.calls, self.spent = 0, 0.0
         self.windows += 1
         self.alone = self.choose()

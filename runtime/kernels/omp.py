@@ -169,10 +169,11 @@ class TeamChoice:
     MARGIN = 0.8
     MIN_TEAM_SECONDS = 100e-6  # shorter calls keep the team: their timings are mostly noise
     APART_EVERY = 8  # team calls per placement check (keep_apart): a misplaced worker stays misplaced
+    SAMPLE = 8  # a short call on the team (MIN_TEAM_SECONDS) is timed once in this many
     CAPABLE = AVAILABLE and TEAM > 1
     ENABLED = CAPABLE and adaptive_teams(os.environ)
 
-    __slots__ = ("mean", "calls", "keeps_apart")
+    __slots__ = ("mean", "calls", "keeps_apart", "skipped")
 
     def __init__(self, keeps_apart: bool = True) -> None:
         self.mean: list[float | None] = [None, None]  # seconds: [team, one thread]
@@ -180,6 +181,7 @@ class TeamChoice:
         # every APART_EVERY-th team call checks placement (keep_apart); kernels whose members call
         # apart() on every call pass False
         self.keeps_apart = keeps_apart
+        self.skipped = 0  # short team calls run without the choice (untimed)
 
     def pick(self) -> bool:
         """Whether this call runs single-threaded."""
@@ -198,6 +200,20 @@ class TeamChoice:
             keep_apart()
         return serial
 
+    def untimed(self) -> bool:
+        """Whether this call runs on the team without pick and record: its team has been shorter
+        than MIN_TEAM_SECONDS, where pick keeps it, and their bookkeeping costs as much as a short
+        primitive. Every SAMPLE-th such call goes through them, so a team that grows long is noticed."""
+        team = self.mean[0]
+        if team is None or team >= self.MIN_TEAM_SECONDS or STREAM.alone:
+            return False
+        self.skipped += 1
+        if self.skipped % self.SAMPLE == 0:
+            return False
+        if self.keeps_apart and self.skipped % self.APART_EVERY == self.APART_EVERY // 2:  # pick checks at the others
+            keep_apart()
+        return True
+
     def record(self, serial: bool, seconds: float) -> None:
         # first calls pay one-time costs (compiling, loading, first touch); a stream's calls share the cores
         if self.calls <= self.WARM or STREAM.alone:
@@ -213,6 +229,9 @@ def choice_for(choices: dict[Any, TeamChoice], key: Any, keeps_apart: bool = Tru
 
 def timed(choice: TeamChoice, run: Callable[[int], object]) -> None:
     """run(team size) on the team `choice` picks (a jitted kernel that starts its own team), timed for it."""
+    if choice.untimed():
+        run(TEAM)
+        return
     serial = choice.pick()
     start = time.perf_counter()
     run(1 if serial else TEAM)

@@ -125,8 +125,12 @@ _lib = _load()
 AVAILABLE = _lib is not None
 
 
-def _execute(prim: "_Primitive", src: np.ndarray, dst: np.ndarray, consts: list[int], serial: bool, choice: TeamChoice) -> None:
-    """Run a source-to-destination primitive (a single-threaded one under a team of one), timed for `choice`."""
+def _execute(prim: "_Primitive", src: np.ndarray, dst: np.ndarray, consts: list[int], serial: bool, choice: TeamChoice | None) -> None:
+    """Run a source-to-destination primitive (a single-threaded one under a team of one), timed for
+    `choice` (None: a call the choice left untimed)."""
+    if choice is None:
+        prim.execute_io(src, dst, consts)
+        return
     start = time.perf_counter()
     if serial:
         with TeamOf(1):
@@ -537,7 +541,8 @@ class Site:
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
         choice = self.choice
-        serial = choice.pick()
+        untimed = choice.untimed()
+        serial = False if untimed else choice.pick()
         made = self.made[serial] or self.primitive(serial)
         shape = self.shape
         if op.residual:
@@ -553,7 +558,7 @@ class Site:
                 np.copyto(out.view(residual.dtype), residual)
         else:
             out = np.empty(shape, dtype=op.dst_dtype)
-        _execute(made[0], x, out, made[1], serial, choice)
+        _execute(made[0], x, out, made[1], serial, None if untimed else choice)
         return out
 
 
@@ -791,8 +796,9 @@ class Reorder:
         nhwc = x.shape if self.to_blocked else unblocked_shape(x.shape)
         out = np.empty(blocked_shape(nhwc) if self.to_blocked else nhwc, dtype=_F32)
         choice = omp.choice_for(self._choices, nhwc)
-        serial = choice.pick()
-        _execute(self._primitive(tuple(nhwc), serial), np.ascontiguousarray(x), out, [], serial, choice)
+        untimed = choice.untimed()
+        serial = False if untimed else choice.pick()
+        _execute(self._primitive(tuple(nhwc), serial), np.ascontiguousarray(x), out, [], serial, None if untimed else choice)
         return out
 
 

@@ -239,15 +239,18 @@ class PrimitiveChain:
             arena = _Arena(self)
         try:
             choice = self.choice
-            serial = choice.pick()
-            table = arena.table(serial)
-            start = time.perf_counter()
-            if serial:
-                with omp.TeamOf(1):
-                    status = _run_rows(table, arena.ptrs, xs, results)
+            if choice.untimed():
+                status = _run_rows(arena.table(False), arena.ptrs, xs, results)
             else:
-                status = _run_rows(table, arena.ptrs, xs, results)
-            choice.record(serial, time.perf_counter() - start)
+                serial = choice.pick()
+                table = arena.table(serial)
+                start = time.perf_counter()
+                if serial:
+                    with omp.TeamOf(1):
+                        status = _run_rows(table, arena.ptrs, xs, results)
+                else:
+                    status = _run_rows(table, arena.ptrs, xs, results)
+                choice.record(serial, time.perf_counter() - start)
         finally:
             self._idle.append(arena)
         if status:
