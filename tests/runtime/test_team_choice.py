@@ -74,3 +74,16 @@ def test_short_calls_keep_the_team(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(TeamChoice, "ENABLED", True)
     short = TeamChoice.MIN_TEAM_SECONDS / 2
     assert not any(drive(TeamChoice(), team_s=short, alone_s=short / 10, calls=300))
+
+
+def test_short_team_calls_skip_the_bookkeeping_but_one_in_sample(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
+    short, long = TeamChoice(keeps_apart=False), TeamChoice(keeps_apart=False)
+    assert not short.untimed(), "not timed yet: nothing to go by"
+    drive(short, team_s=TeamChoice.MIN_TEAM_SECONDS / 4, alone_s=1.0, calls=TeamChoice.WARM + 2)
+    drive(long, team_s=TeamChoice.MIN_TEAM_SECONDS * 4, alone_s=1.0, calls=TeamChoice.WARM + 2)
+    skips = [short.untimed() for _ in range(8 * TeamChoice.SAMPLE)]
+    assert skips.count(False) == 8, "every SAMPLE-th short call is timed"
+    assert not any(long.untimed() for _ in range(20)), "a long team call is always timed"
+    with omp.Alone():
+        assert not short.untimed(), "a stream's call goes to pick, which runs it alone"
