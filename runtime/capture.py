@@ -17,7 +17,8 @@ from typing import Any, Callable, Mapping
 import numpy as np
 
 from .kernels import primitive_chain
-from .kernels.primitive_chain import ALIGN, ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
+from .kernels.buffers import whole_lines
+from .kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
 from .program import Program, Step
 
 CHAINS_ENV = "KUBETRT_PRIMITIVE_CHAINS"
@@ -252,7 +253,7 @@ def _place(run: _Run) -> int:
     for k in run.members:
         for group in run.groups:
             if group.first == k and group.external is None and not group.escapes:
-                nbytes = -(-math.prod(group.shape) * group.dtype.itemsize // ALIGN) * ALIGN
+                nbytes = whole_lines(math.prod(group.shape) * group.dtype.itemsize)
                 offset = 0
                 for start, taken, _ in live:
                     if start - offset >= nbytes:

@@ -11,6 +11,11 @@ import numpy as np
 LINE = 64
 
 
+def whole_lines(nbytes: int) -> int:
+    """`nbytes` rounded up to whole cache lines: where the next buffer laid after it may start."""
+    return -(-nbytes // LINE) * LINE
+
+
 def aligned(nbytes: int) -> np.ndarray:
     """A byte buffer whose start is a cache line's."""
     raw = np.empty(nbytes + LINE, dtype=np.uint8)

@@ -25,11 +25,10 @@ from typing import Any, Callable
 import numpy as np
 
 from . import jit, omp, onednn
-from .buffers import aligned
+from .buffers import aligned, whole_lines
 from .registry import Run
 
 INPUT, RESULT, ARENA = range(3)  # where a chain buffer lives: a caller's array, a fresh array per call, the arena
-ALIGN = 64  # bytes: where each arena buffer starts
 
 
 @dataclass(frozen=True)
@@ -264,7 +263,7 @@ def in_line(steps: list[Callee], shape: tuple[int, ...], result_shape: tuple[int
     """A chain of steps each reading the one before's result, for one input of `shape`: a kernel
     whose layers are primitives (a dense chain at many rows) runs them without a Python call each.
     Inner results take turns in two arena buffers; the last step writes the result (`result_shape`)."""
-    inner = [-(-math.prod(step.shape) * step.dst_dtype.itemsize // ALIGN) * ALIGN for step in steps[:-1]]
+    inner = [whole_lines(math.prod(step.shape) * step.dst_dtype.itemsize) for step in steps[:-1]]
     half = max(inner, default=0)
     buffers = [Buffer(INPUT, 0, shape, steps[0].src_dtype), Buffer(ARENA, 0, (half,), np.dtype(np.uint8)),
                Buffer(ARENA, half, (half,), np.dtype(np.uint8)), Buffer(RESULT, 0, result_shape, steps[-1].dst_dtype)]
