@@ -218,8 +218,7 @@ class TeamChoice:
         # first calls pay one-time costs (compiling, loading, first touch); a stream's calls share the cores
         if self.calls <= self.WARM or STREAM.alone:
             return
-        m = self.mean[serial]  # recent(), written out: this runs after every kernel call
-        self.mean[serial] = seconds if m is None or seconds < m else m + self.ALPHA * min(seconds - m, self.RISE * m)
+        self.mean[serial] = recent(self.mean[serial], seconds, self.ALPHA, self.RISE)
 
 
 def choice_for(choices: dict[Any, TeamChoice], key: Any, keeps_apart: bool = True) -> TeamChoice:

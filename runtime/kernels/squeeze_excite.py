@@ -103,13 +103,6 @@ if jit.AVAILABLE and omp.PARALLEL:
                 acc[ch] += row[ch]
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-    def _scale_rows(rows, out, gate, lo, hi):
-        for r in range(lo, hi):
-            row, orow = rows[r], out[r]
-            for ch in range(gate.size):
-                orow[ch] = row[ch] * gate[ch]
-
-    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _excite(q, means, hidden, rows, out, lo, hi):
         # means -> gate (in means' place), then out[lo:hi] = rows[lo:hi] * gate
         w1 = carray(jit.float32s_at(q[_W1]), (q[_CR], q[_C]))
@@ -122,7 +115,10 @@ if jit.AVAILABLE and omp.PARALLEL:
         gate = means  # the means are spent once the hidden layer holds them
         _dense(hidden, w2, b2, gate)
         _activate(gate, q[_FORM2], bounds[2], bounds[3])
-        _scale_rows(rows, out, gate, lo, hi)
+        for r in range(lo, hi):
+            row, orow = rows[r], out[r]
+            for ch in range(gate.size):
+                orow[ch] = row[ch] * gate[ch]
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _share(q, team, me):
