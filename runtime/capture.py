@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .kernels import primitive_chain
+from .kernels import bands, primitive_chain
 from .kernels.buffers import whole_lines
 from .kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
 from .program import Program, Step
@@ -239,7 +239,7 @@ def _chain_step(prog: Program, steps: list[Step], links: list[Link | None], run:
     members = [steps[k] for k in run.members]
     names = [prog.kernels[kid].name for _, _, _, _, kid in members]
     chain = PrimitiveChain(rows, buffers, outputs, arena_bytes, _fallback(prog, members, run.inputs, escaping),
-                           f"{names[0]}..{names[-1]} ({len(members)} steps)")
+                           f"{names[0]}..{names[-1]} ({len(members)} steps)", bands.team_rows(rows, buffers, [b for b, _ in outputs]))
     inputs = set(run.inputs)
     frees = tuple(v for _, _, _, fr, _ in members for v in fr if v in inputs)
     return (chain, tuple(run.inputs), tuple(escaping), frees, members[0][4])

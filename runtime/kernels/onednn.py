@@ -534,6 +534,16 @@ class Site:
             made = self.made[serial] = self.op._primitive(self.key, serial)
         return made
 
+    def rows(self) -> Rows | None:
+        """Its rows' geometry where it may run in bands: one NHWC image, no residual; else None."""
+        rows_of = getattr(self.op, "rows_of", None)
+        return None if rows_of is None else rows_of(self.key)
+
+    def band(self, ih: int, oh: int, pad_top: int, pad_bottom: int) -> tuple[_Primitive, list[int], np.ndarray | None]:
+        """The one-thread primitive for a band of its rows: `oh` result rows from `ih` input rows,
+        padded as the band's place in the image says."""
+        return self.op._primitive(self.op.band_key(self.key, ih, oh, pad_top, pad_bottom), True)
+
     def __call__(self, x: np.ndarray, residual: np.ndarray | None = None, overwrite_residual: bool = False) -> np.ndarray:
         op = self.op
         if x.dtype != op.src_dtype:
@@ -589,6 +599,23 @@ def _made_once(cache: dict[tuple[Any, ...], _T], lock: threading.Lock, key: tupl
     return found
 
 
+@dataclass(frozen=True)
+class Rows:
+    """How one image's result rows (NHWC) depend on its input rows: what cutting a site into bands
+    of rows, each run by one thread, needs (kernels/bands.py). `work`: multiply-adds (or reads, for
+    a pooling) per result row, to weigh what the bands' overlap costs."""
+
+    h: int
+    oh: int
+    kernel: int
+    stride: int
+    dilation: int
+    pad_top: int
+    in_row_bytes: int
+    out_row_bytes: int
+    work: int
+
+
 class Conv2D(_FusedOp):
     """A 2-D convolution (NHWC or NCHW activations, ONNX OIHW weights), grouped or not: float32,
     or int8/uint8 x int8 with `quant`."""
@@ -620,6 +647,19 @@ class Conv2D(_FusedOp):
                 pd, st.engine, st.inference, st.conv_direct, src, w, b, dst, _Dims(*self.strides),
                 _Dims(*[d - 1 for d in self.dil]), _Dims(pt, pl), _Dims(pb, pr), attr), "convolution")
         return _descriptor_with(mds, create)
+
+    def rows_of(self, key: tuple[int, ...]) -> Rows | None:
+        n, h, wd, oh, ow, pt, _, _, _, layout = key
+        if n != 1 or layout != _PLAIN or not self.nhwc or self.residual:
+            return None
+        o, cg, kh, kw = self.w.shape
+        return Rows(h, oh, kh, self.strides[0], self.dil[0], pt, wd * cg * self.group * self.src_dtype.itemsize,
+                    ow * o * self.dst_dtype.itemsize, ow * o * cg * kh * kw)
+
+    @staticmethod
+    def band_key(key: tuple[int, ...], ih: int, oh: int, pad_top: int, pad_bottom: int) -> tuple[int, ...]:
+        n, _, wd, _, ow, _, pl, _, pr, layout = key
+        return (n, ih, wd, oh, ow, pad_top, pl, pad_bottom, pr, layout)
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int],
                  residual: np.ndarray | None = None, overwrite_residual: bool = False, blocked_out: bool = False) -> np.ndarray:
@@ -749,6 +789,18 @@ class Pool2D:
             lib.dnnl_primitive_attr_destroy(attr)  # type: ignore[union-attr]
         with TeamOf(1 if serial else omp.TEAM):
             return _Primitive(pd, [_ARG_SRC, _ARG_DST])
+
+    def rows_of(self, key: tuple[int, ...]) -> Rows | None:
+        n, h, wd, c, oh, ow, pt, _, _, _, blocked = key
+        if n != 1 or blocked or not self.kernel:
+            return None
+        kh, kw = self.kernel
+        return Rows(h, oh, kh, self.strides[0], self.dil[0], pt, wd * c * 4, ow * c * 4, ow * c * kh * kw)
+
+    @staticmethod
+    def band_key(key: tuple[int, ...], ih: int, oh: int, pad_top: int, pad_bottom: int) -> tuple[int, ...]:
+        n, _, wd, c, _, ow, _, pl, _, pr, blocked = key
+        return (n, ih, wd, c, oh, ow, pad_top, pl, pad_bottom, pr, blocked)
 
     def __call__(self, x: np.ndarray, oh: int, ow: int, pads_begin: list[int], pads_end: list[int]) -> np.ndarray:
         """Pool an NHWC float32 tensor to (N, oh, ow, C), or a blocked one to its blocked result; an

@@ -176,11 +176,12 @@ class _Arena:
         if found is not None:
             return found
         chain = self.chain
-        made = [row.step.primitive(serial) if isinstance(row.step, onednn.Site) else None for row in chain.rows]
+        chain_rows = chain.rows if serial else chain.team_rows
+        made = [row.step.primitive(serial) if isinstance(row.step, onednn.Site) else None for row in chain_rows]
         scratch_bytes = max([m[0].scratch_bytes for m in made if m is not None] or [0])
         scratch = aligned(scratch_bytes) if scratch_bytes else None  # rows run one after another: one scratchpad
         rows = []
-        for row, m in zip(chain.rows, made):
+        for row, m in zip(chain_rows, made):
             step = row.step
             if isinstance(step, KernelCall):
                 block, keep = step.block()
@@ -208,7 +209,8 @@ class PrimitiveChain:
     captured (a shape that depends on data) take `fallback`, the steps the chain replaced."""
 
     def __init__(self, rows: list[Row], buffers: list[Buffer], outputs: list[tuple[int, tuple[int, ...]]],
-                 arena_bytes: int, fallback: Callable[..., tuple[np.ndarray, ...]], name: str) -> None:
+                 arena_bytes: int, fallback: Callable[..., tuple[np.ndarray, ...]], name: str,
+                 team_rows: list[Row] | None = None) -> None:
         if not AVAILABLE:
             raise RuntimeError("primitive chains need oneDNN and numba")
         # the inputs' buffers first (in input order), then the results', then the arena's: the order _run_rows fills them in
@@ -216,6 +218,8 @@ class PrimitiveChain:
         at = {old: new for new, old in enumerate(order)}
         self.buffers = [buffers[i] for i in order]
         self.rows = [Row(r.step, at[r.src], at[r.dst]) for r in rows]
+        # what the team runs: the same, or with runs of layers cut into bands (kernels/bands.py)
+        self.team_rows = self.rows if team_rows is None else [Row(r.step, at[r.src], at[r.dst]) for r in team_rows]
         self.outputs = [(at[b], shape) for b, shape in outputs]
         self.arena_bytes, self.fallback, self.name = arena_bytes, fallback, name
         self.expect = [(b.shape, b.dtype) for b in self.buffers if b.kind == INPUT]
