@@ -1,0 +1,235 @@
+"""Bands: a chain's runs of convolutions and poolings at batch 1 cut into bands of image rows, each
+run whole by one team member (runtime/kernels/bands.py). Watched by what they change: the captured
+chain runs the run as one band call, and its results stay the uncut chain's and onnxruntime's
+(fp32 tolerance from the one table, runtime/accuracy.py) for strides, dilations, padding on either
+edge, asymmetric padding, max and average pooling, and more bands than team members."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+
+from kubetrt.runtime.accuracy import tolerance_for
+from kubetrt.runtime.devices.host import RUNTIME
+from kubetrt.runtime.executor import SequentialPlan
+from kubetrt.runtime.kernels import bands, onednn, primitive_chain
+from kubetrt.runtime.kernels.buffers import whole_lines
+from kubetrt.runtime.kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, KernelCall, PrimitiveChain, Row
+from kubetrt.runtime.onnx_import import from_proto
+from onnx_cases import make_model, node, run_ort
+
+pytestmark = pytest.mark.skipif(not bands.AVAILABLE, reason="bands need the onednn extra, numba and libgomp")
+TOL = tolerance_for("fp32", "host")
+rng = np.random.default_rng(41)
+RELU = ("eltwise_relu", 0.0, 0.0)
+
+
+def f32(*shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def band_calls(rows: list[Row]) -> list[Row]:
+    return [row for row in rows if isinstance(row.step, KernelCall) and row.step.entry == bands.jit.entry_address(bands._member)]
+
+
+# --- the geometry: which input rows each band's layers read ---------------------------------------
+
+GEOMETRIES = {  # (h, kernel, stride, dilation, pad_top, pad_bottom) per layer, first to last
+    "3x3 twice": [(32, 3, 1, 1, 1, 1), (32, 3, 1, 1, 1, 1)],
+    "stride 2, SAME's bottom pad": [(33, 3, 2, 1, 0, 1), (17, 3, 1, 1, 1, 1)],
+    "dilated": [(20, 3, 1, 2, 2, 2), (20, 1, 1, 1, 0, 0)],
+    "pool 2x2": [(32, 3, 1, 1, 1, 1), (32, 2, 2, 1, 0, 0), (16, 3, 1, 1, 1, 1)],
+    "5x5, no pad": [(24, 5, 1, 1, 0, 0), (20, 3, 2, 1, 0, 0)],
+}
+
+
+def layers_of(geometry: list[tuple[int, ...]]) -> list[onednn.Rows]:
+    out = []
+    for h, k, s, d, pt, pb in geometry:
+        oh = (h + pt + pb - (k - 1) * d - 1) // s + 1
+        out.append(onednn.Rows(h, oh, k, s, d, pt, 64, 64, 1))
+    return out
+
+
+@pytest.mark.parametrize("name", GEOMETRIES)
+@pytest.mark.parametrize("count", [2, 3])
+def test_bands_split_the_result_rows_and_read_inside_the_image(name: str, count: int) -> None:
+    layers = layers_of(GEOMETRIES[name])
+    cuts = bands.plan(layers, count)
+    assert cuts is not None
+    # the last layer's rows, split once each among the bands in order
+    assert [r for band in cuts for r in range(band[-1].oh)] and sum(band[-1].oh for band in cuts) == layers[-1].oh
+    for band in cuts:
+        for k, (cut, rows) in enumerate(zip(band, layers)):
+            assert 0 <= cut.first and cut.first + cut.ih <= rows.h
+            assert 0 <= cut.pad_top <= rows.pad_top
+            reach = (rows.kernel - 1) * rows.dilation + 1
+            assert (cut.ih + cut.pad_top + cut.pad_bottom - reach) // rows.stride + 1 == cut.oh  # oneDNN's shape rule
+            if k:  # a layer reads exactly the rows the one before computed
+                assert band[k - 1].oh == cut.ih
+
+
+def test_too_few_rows_are_not_cut() -> None:
+    assert bands.plan(layers_of([(3, 3, 1, 1, 1, 1), (3, 3, 1, 1, 1, 1)]), 2) is None
+    assert bands.plan(layers_of(GEOMETRIES["3x3 twice"]), 1) is None
+
+
+def test_the_cost_model_cuts_short_layers_and_keeps_long_few_row_ones_whole() -> None:
+    def layer(h: int, cin: int, cout: int, k: int) -> onednn.Rows:
+        return onednn.Rows(h, h, k, 1, 1, k // 2, h * cin * 4, h * cout * 4, h * cout * cin * k * k)
+    small = [layer(32, 3, 16, 3), layer(32, 16, 32, 3)]  # a small CNN's stem: a few microseconds each
+    cuts = bands.plan(small, 2)
+    assert cuts is not None and bands.gain_us(small, cuts) > 0
+    late = [layer(7, 2048, 512, 1), layer(7, 512, 512, 3)]  # ResNet-50's last stage: 3 and 4 rows, milliseconds of work
+    cuts = bands.plan(late, 2)
+    assert cuts is not None and bands.gain_us(late, cuts) < 0
+
+
+# --- a chain of real convolutions, cut and uncut ----------------------------------------------------
+
+def conv(cin: int, cout: int, k: int, stride: int, h: int, dil: int = 1, group: int = 1,
+         pads: tuple[int, int] | None = None) -> tuple[onednn.Site, int]:
+    op = onednn.Conv2D(f32(cout, cin // group, k, k) * 0.2, f32(cout), group, [stride, stride], [dil, dil], RELU, False)
+    pt, pb = pads if pads is not None else ((k - 1) * dil // 2, (k - 1) * dil // 2)
+    oh = (h + pt + pb - (k - 1) * dil - 1) // stride + 1
+    return op.bind((1, h, h, cin), oh, oh, [pt, pt], [pb, pb]), oh  # type: ignore[return-value]
+
+
+def pool(c: int, h: int, algorithm: str = "pooling_max", k: int = 2, stride: int = 2, pad: int = 0) -> tuple[onednn.Site, int]:
+    oh = (h + 2 * pad - k) // stride + 1
+    return onednn.Pool2D(algorithm, (k, k), [stride, stride], [1, 1]).bind((1, h, h, c), oh, oh, [pad, pad], [pad, pad]), oh
+
+
+def stack(h: int, cin: int, layers: list[tuple[str, tuple[Any, ...]]]) -> list[onednn.Site]:
+    sites, c = [], cin
+    for kind, args in layers:
+        if kind == "conv":
+            cout, k, stride, *rest = args
+            site, h = conv(c, cout, k, stride, h, *rest)
+            c = cout
+        else:
+            site, h = pool(c, h, *args)
+        sites.append(site)
+    return sites
+
+
+def chain_of(sites: list[onednn.Site], x_shape: tuple[int, ...], count: int | None) -> PrimitiveChain:
+    """The chain a capture would make of these layers in a row; `count` bands for its team (None: uncut)."""
+    buffers, offset = [Buffer(INPUT, 0, x_shape, np.dtype(np.float32))], 0
+    for site in sites[:-1]:
+        buffers.append(Buffer(ARENA, offset, site.shape, np.dtype(np.float32)))
+        offset += whole_lines(int(np.prod(site.shape)) * 4)
+    buffers.append(Buffer(RESULT, 0, sites[-1].shape, np.dtype(np.float32)))
+    rows = [Row(site, i, i + 1) for i, site in enumerate(sites)]
+    team = None if count is None else bands.team_rows(rows, buffers, [len(sites)], count)
+
+    def unused(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise AssertionError("the chain fell back")
+    return PrimitiveChain(rows, buffers, [(len(sites), sites[-1].shape)], max(offset, 1), unused, "test", team)
+
+
+STACKS = {
+    "small CNN": (32, 3, [("conv", (16, 3, 1)), ("conv", (32, 3, 1)), ("pool", ()), ("conv", (32, 3, 1, 1, 32)), ("conv", (64, 1, 1))]),
+    "stride 2 with SAME's bottom pad": (33, 8, [("conv", (16, 3, 2, 1, 1, (0, 1))), ("conv", (16, 3, 1)), ("conv", (24, 1, 1))]),
+    "dilated": (24, 8, [("conv", (16, 3, 1, 2)), ("conv", (16, 3, 1, 2)), ("conv", (8, 1, 1))]),
+    "average pools": (28, 8, [("conv", (16, 3, 1)), ("pool", ("pooling_avg_include_padding", 3, 1, 1)),
+                              ("pool", ("pooling_avg_exclude_padding", 3, 2, 1)), ("conv", (16, 3, 1))]),
+    "odd rows": (19, 4, [("conv", (8, 5, 1)), ("conv", (8, 3, 1)), ("conv", (8, 3, 2))]),
+}
+
+
+@pytest.fixture
+def always_cut(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every run that plan() can cut is cut: these tests are about results, not the cost model."""
+    monkeypatch.setattr(bands, "HAND_OFF_US", 1e9)
+
+
+@pytest.mark.parametrize("name", STACKS)
+@pytest.mark.parametrize("count", [2, 3])
+def test_a_cut_chain_gives_the_uncut_chain_s_results(name: str, count: int, always_cut: None) -> None:
+    h, cin, layers = STACKS[name]
+    sites = stack(h, cin, layers)
+    x = f32(1, h, h, cin)
+    cut, whole = chain_of(sites, x.shape, count), chain_of(sites, x.shape, None)
+    (call,) = band_calls(cut.team_rows)  # the whole run is one team call
+    assert len(cut.team_rows) == 1
+    want = whole(x)[0]
+    ref = x
+    for site in sites:  # each layer on its own, one primitive call each
+        ref = site(ref)
+    np.testing.assert_allclose(want, ref, rtol=TOL.rtol, atol=TOL.atol)
+    # the team's table, where the bands run (with three bands, more than this machine's members:
+    # they take turns); then through the chain's call, as its team choice picks
+    np.testing.assert_allclose(bands_only(cut, x), want, rtol=TOL.rtol, atol=TOL.atol)
+    for _ in range(3):
+        np.testing.assert_allclose(cut(x)[0], want, rtol=TOL.rtol, atol=TOL.atol)
+
+
+def bands_only(chain: PrimitiveChain, x: np.ndarray) -> np.ndarray:
+    """The chain's team table run directly, whatever its team choice would pick."""
+    arena = primitive_chain._Arena(chain)
+    out = np.full(chain.results[0][0], np.nan, np.float32)
+    status = primitive_chain._run_rows(arena.table(False), arena.ptrs, (x,), (out,))
+    assert status == 0
+    return out
+
+
+# --- in a plan: captured chains at batch 1 ----------------------------------------------------------
+
+def small_cnn() -> Any:
+    """Conv-ReLU, Conv-ReLU, max pool, depthwise Conv-ReLU, 1x1 Conv summed onto the pool's
+    output, global average: the pool's result is read twice, so the bands end there."""
+    nodes = [node("Conv", ["x", "w0"], ["a0"], pads=[1, 1, 1, 1]), node("Relu", ["a0"], ["a"]),
+             node("Conv", ["a", "w1"], ["b0"], pads=[1, 1, 1, 1]), node("Relu", ["b0"], ["b"]),
+             node("MaxPool", ["b"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
+             node("Conv", ["p", "w2"], ["d0"], pads=[1, 1, 1, 1], group=32), node("Relu", ["d0"], ["d"]),
+             node("Conv", ["d", "w3"], ["e"]), node("Add", ["e", "p"], ["s"]), node("GlobalAveragePool", ["s"], ["g"])]
+    consts = {"w0": f32(16, 3, 3, 3) * 0.3, "w1": f32(32, 16, 3, 3) * 0.2, "w2": f32(32, 1, 3, 3) * 0.3, "w3": f32(32, 32, 1, 1) * 0.2}
+    return make_model(nodes, {"x": f32(1, 3, 32, 32)}, ["g"], consts, dynamic_batch=True)
+
+
+def chains(plan: SequentialPlan, x: np.ndarray) -> list[PrimitiveChain]:
+    return [run for run, *_ in plan.captured_steps([x]) or [] if isinstance(run, PrimitiveChain)]
+
+
+def test_a_plan_at_batch_1_runs_its_layers_in_bands_with_onnxruntime_s_results() -> None:
+    model = small_cnn()
+    plan = RUNTIME.prepare(from_proto(model), {})
+    assert isinstance(plan, SequentialPlan)
+    x = f32(1, 3, 32, 32)
+    got = [plan.run([x])[0] for _ in range(4)]
+    (chain,) = chains(plan, x)
+    (call,) = band_calls(chain.team_rows)
+    cut = [row for row in chain.rows if row.step not in [r.step for r in chain.team_rows]]
+    assert [row.step.op.kind for row in cut] == ["Conv", "Conv", "Pool"]  # type: ignore[union-attr]
+    assert call.step.shape == cut[-1].step.shape and call.dst == cut[-1].dst
+    want = run_ort(model, {"x": x})[0]
+    for y in got:
+        np.testing.assert_allclose(y, want, rtol=TOL.rtol, atol=TOL.atol)
+    np.testing.assert_allclose(bands_only_plan(chain, x), np.asarray(got[-1]).reshape(-1), rtol=TOL.rtol, atol=TOL.atol)
+
+
+def bands_only_plan(chain: PrimitiveChain, x: np.ndarray) -> np.ndarray:
+    """A captured chain's team table run directly on x (in the plan's layout)."""
+    arena = primitive_chain._Arena(chain)
+    xs = (np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if chain.expect[0][0] != x.shape else x,)
+    results = tuple(np.empty(shape, dtype) for shape, dtype in chain.results)
+    assert primitive_chain._run_rows(arena.table(False), arena.ptrs, xs, results) == 0
+    return results[0].reshape(-1)
+
+
+def test_batches_of_more_than_one_image_are_not_cut() -> None:
+    plan = RUNTIME.prepare(from_proto(small_cnn()), {})
+    assert isinstance(plan, SequentialPlan)
+    x = f32(2, 3, 32, 32)
+    for _ in range(2):
+        plan.run([x])
+    (chain,) = chains(plan, x)
+    assert band_calls(chain.team_rows) == [] and chain.team_rows == chain.rows
+
+
+def test_the_switch_turns_bands_off() -> None:
+    assert bands.bands_enabled({}) and not bands.bands_enabled({bands.BANDS_ENV: "0"})
+    with pytest.raises(ValueError, match="KUBETRT_ROW_BANDS='yes': expected 1"):
+        bands.bands_enabled({bands.BANDS_ENV: "yes"})
