@@ -112,7 +112,8 @@ def _layer(row: Row) -> _Layer | None:
 
 def _runs(rows: list[Row], layers: list[_Layer | None], buffers: list[Buffer], outputs: list[int]) -> list[tuple[int, int]]:
     """The maximal runs [i, j) of rows that may be cut: each a layer, each but the last writing an
-    arena buffer only the next row reads, in the rows' layout the next reads."""
+    arena buffer only the next row reads, in the rows' layout the next reads, and not summing into
+    it (bands compute their overlap's rows twice: a sum would land twice)."""
     readers: dict[int, int] = {}
     writers: dict[int, int] = {}
     for row in rows:
@@ -121,7 +122,7 @@ def _runs(rows: list[Row], layers: list[_Layer | None], buffers: list[Buffer], o
 
     def joins(k: int) -> bool:  # row k hands its result to row k + 1 alone
         g, h, d = layers[k], layers[k + 1], rows[k].dst
-        return (g is not None and h is not None and rows[k + 1].src == d and buffers[d].kind == ARENA
+        return (g is not None and h is not None and not g.rows.sums_into and rows[k + 1].src == d and buffers[d].kind == ARENA
                 and d not in outputs and readers[d] == 1 and writers[d] == 1
                 and g.rows.oh == h.rows.h and g.rows.out_row_bytes == h.rows.in_row_bytes)
     runs, i = [], 0

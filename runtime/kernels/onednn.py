@@ -535,7 +535,7 @@ class Site:
         return made
 
     def rows(self) -> Rows | None:
-        """Its rows' geometry where it may run in bands: one NHWC image, no residual; else None."""
+        """Its rows' geometry where it may run in bands (one NHWC image), else None."""
         rows_of = getattr(self.op, "rows_of", None)
         return None if rows_of is None else rows_of(self.key)
 
@@ -603,7 +603,8 @@ def _made_once(cache: dict[tuple[Any, ...], _T], lock: threading.Lock, key: tupl
 class Rows:
     """How one image's result rows (NHWC) depend on its input rows: what cutting a site into bands
     of rows, each run by one thread, needs (kernels/bands.py). `work`: multiply-adds (or reads, for
-    a pooling) per result row, to weigh what the bands' overlap costs."""
+    a pooling) per result row, to weigh what the bands' overlap costs. `sums_into`: the result is
+    summed onto what its destination holds (a residual), so no two bands may write one row."""
 
     h: int
     oh: int
@@ -614,6 +615,7 @@ class Rows:
     in_row_bytes: int
     out_row_bytes: int
     work: int
+    sums_into: bool = False
 
 
 class Conv2D(_FusedOp):
@@ -650,11 +652,11 @@ class Conv2D(_FusedOp):
 
     def rows_of(self, key: tuple[int, ...]) -> Rows | None:
         n, h, wd, oh, ow, pt, _, _, _, layout = key
-        if n != 1 or layout != _PLAIN or not self.nhwc or self.residual:
+        if n != 1 or layout != _PLAIN or not self.nhwc or (self.residual and self.quant is not None):
             return None
         o, cg, kh, kw = self.w.shape
         return Rows(h, oh, kh, self.strides[0], self.dil[0], pt, wd * cg * self.group * self.src_dtype.itemsize,
-                    ow * o * self.dst_dtype.itemsize, ow * o * cg * kh * kw)
+                    ow * o * self.dst_dtype.itemsize, ow * o * cg * kh * kw, self.residual)
 
     @staticmethod
     def band_key(key: tuple[int, ...], ih: int, oh: int, pad_top: int, pad_bottom: int) -> tuple[int, ...]:

@@ -179,7 +179,8 @@ def bands_only(chain: PrimitiveChain, x: np.ndarray) -> np.ndarray:
 
 def small_cnn() -> Any:
     """Conv-ReLU, Conv-ReLU, max pool, depthwise Conv-ReLU, 1x1 Conv summed onto the pool's
-    output, global average: the pool's result is read twice, so the bands end there."""
+    output, global average: the pool's result is read twice, so one run of bands ends there and
+    the next ends at the sum."""
     nodes = [node("Conv", ["x", "w0"], ["a0"], pads=[1, 1, 1, 1]), node("Relu", ["a0"], ["a"]),
              node("Conv", ["a", "w1"], ["b0"], pads=[1, 1, 1, 1]), node("Relu", ["b0"], ["b"]),
              node("MaxPool", ["b"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
@@ -200,10 +201,10 @@ def test_a_plan_at_batch_1_runs_its_layers_in_bands_with_onnxruntime_s_results()
     x = f32(1, 3, 32, 32)
     got = [plan.run([x])[0] for _ in range(4)]
     (chain,) = chains(plan, x)
-    (call,) = band_calls(chain.team_rows)
+    first, second = band_calls(chain.team_rows)
     cut = [row for row in chain.rows if row.step not in [r.step for r in chain.team_rows]]
-    assert [row.step.op.kind for row in cut] == ["Conv", "Conv", "Pool"]  # type: ignore[union-attr]
-    assert call.step.shape == cut[-1].step.shape and call.dst == cut[-1].dst
+    assert [row.step.op.kind for row in cut] == ["Conv", "Conv", "Pool", "Conv", "Conv"]  # type: ignore[union-attr]
+    assert first.dst == cut[2].dst and second.src == cut[2].dst and second.dst == cut[4].dst
     want = run_ort(model, {"x": x})[0]
     for y in got:
         np.testing.assert_allclose(y, want, rtol=TOL.rtol, atol=TOL.atol)
@@ -233,3 +234,34 @@ def test_the_switch_turns_bands_off() -> None:
     assert bands.bands_enabled({}) and not bands.bands_enabled({bands.BANDS_ENV: "0"})
     with pytest.raises(ValueError, match="KUBETRT_ROW_BANDS='yes': expected 1"):
         bands.bands_enabled({bands.BANDS_ENV: "yes"})
+
+
+def inverted_residual() -> Any:
+    """A MobileNetV2 block: its input made by a stem convolution, 1x1 expand, depthwise, 1x1
+    project summed onto the block's input; then a 3x3 convolution and the global average."""
+    nodes = [node("Conv", ["x", "w0"], ["s0"], pads=[1, 1, 1, 1]), node("Relu", ["s0"], ["s"]),
+             node("Conv", ["s", "w1"], ["a0"]), node("Relu", ["a0"], ["a"]),
+             node("Conv", ["a", "w2"], ["b0"], pads=[1, 1, 1, 1], group=96), node("Relu", ["b0"], ["b"]),
+             node("Conv", ["b", "w3"], ["c"]), node("Add", ["c", "s"], ["d"]),
+             node("Conv", ["d", "w4"], ["e"], pads=[1, 1, 1, 1]), node("GlobalAveragePool", ["e"], ["g"])]
+    consts = {"w0": f32(16, 3, 3, 3) * 0.3, "w1": f32(96, 16, 1, 1) * 0.2, "w2": f32(96, 1, 3, 3) * 0.3, "w3": f32(16, 96, 1, 1) * 0.1,
+              "w4": f32(16, 16, 3, 3) * 0.2}
+    return make_model(nodes, {"x": f32(1, 3, 56, 56)}, ["g"], consts, dynamic_batch=True)
+
+
+def test_a_residual_sum_ends_a_band_run_and_lands_once_per_row() -> None:
+    model = inverted_residual()
+    plan = RUNTIME.prepare(from_proto(model), {})
+    assert isinstance(plan, SequentialPlan)
+    x = f32(1, 3, 56, 56)
+    got = [plan.run([x])[0] for _ in range(4)]
+    (chain,) = chains(plan, x)
+    (call,) = band_calls(chain.team_rows)
+    cut = [row for row in chain.rows if row.step not in [r.step for r in chain.team_rows]]
+    # expand, depthwise, project: the 3x3 after the sum is not cut with them (its bands' overlap
+    # would have the sum computed twice on the rows at the cut)
+    assert [row.step.op.residual for row in cut] == [False, False, True]  # type: ignore[union-attr]
+    assert call.dst == cut[-1].dst
+    want = run_ort(model, {"x": x})[0]
+    for y in got:
+        np.testing.assert_allclose(y, want, rtol=TOL.rtol, atol=TOL.atol)
