@@ -36,8 +36,9 @@ CROSSING_US_PER_BYTE = 2.0 / 100_000
 MACS_PER_US = 100_000
 
 # The block a chain hands the team: the run's source and destination (written per call), then
-# the addresses members call, then the band table's shape and address.
-_SRC, _DST, _NUM_THREADS, _THREAD_NUM, _PLACE, _SET, _EXECUTE, _WAIT, _BANDS, _LAYERS, _TABLE, _BLOCK = range(12)
+# the addresses members call, then the band table's shape and address, and the layer the members
+# wait for each other before (the layer count: none).
+_SRC, _DST, _NUM_THREADS, _THREAD_NUM, _PLACE, _SET, _EXECUTE, _WAIT, _BARRIER, _BANDS, _LAYERS, _TABLE, _MEET, _BLOCK = range(14)
 # A band's row in the table: its stream, its first layer's source memory and the byte offset of
 # its first input row, its last layer's destination memory and the offset of its first result
 # row; then per layer: primitive, argument count, packed arguments.
@@ -158,21 +159,28 @@ def team_rows(rows: list[Row], buffers: list[Buffer], outputs: list[int], bands:
         for k in range(2, len(run) + 1):
             geometry = [layer.rows for layer in run[:k]]
             cuts = plan(geometry, bands)
-            gain = -1.0 if cuts is None else gain_us(geometry, cuts)
+            gain = -1.0 if cuts is None else gain_us(geometry, cuts) - _in_place(rows[i:i + k]) * HAND_OFF_US
             if cuts is not None and gain > 0 and (best is None or gain > best[0]):
                 best = (gain, k, cuts)
         if best is None:
             out.extend(rows[i:j])
             continue
         _, k, cuts = best
-        out.append(Row(_call(run[:k], cuts), rows[i].src, rows[i + k - 1].dst))
+        out.append(Row(_call(run[:k], cuts, _in_place(rows[i:i + k])), rows[i].src, rows[i + k - 1].dst))
         out.extend(rows[i + k:j])
     return out
 
 
-def _call(run: list[_Layer], cuts: list[list[Cut]]) -> KernelCall:
+def _in_place(stretch: list[Row]) -> bool:
+    """Whether the stretch's last layer writes over its first's source."""
+    return stretch[-1].dst == stretch[0].src
+
+
+def _call(run: list[_Layer], cuts: list[list[Cut]], in_place: bool) -> KernelCall:
     """The team call that runs the layers `run` in the bands `cuts`; each arena's block has its own
-    bands' primitives' arguments, inner results, scratchpads and streams."""
+    bands' primitives' arguments, inner results, scratchpads and streams. `in_place`: the last
+    layer writes over the first's source (a residual sum), so every band reads its rows before
+    any band writes: the members meet at a barrier before the last layer."""
     sites, layers = [layer.site for layer in run], [layer.rows for layer in run]
     first, last = layers[0], layers[-1]
 
@@ -203,8 +211,9 @@ def _call(run: list[_Layer], cuts: list[list[Cut]]) -> KernelCall:
             row[_SRC_AT] = band[0].first * first.in_row_bytes
             row[_DST_AT] = (last.oh * t // len(cuts)) * last.out_row_bytes
         head = np.zeros(_BLOCK, np.int64)
-        head[_NUM_THREADS:_WAIT + 1] = [omp.NUM_THREADS, omp.THREAD_NUM, omp.PLACE, *onednn.C_FUNCTIONS]
+        head[_NUM_THREADS:_BARRIER + 1] = [omp.NUM_THREADS, omp.THREAD_NUM, omp.PLACE, *onednn.C_FUNCTIONS, omp.BARRIER]
         head[_BANDS], head[_LAYERS], head[_TABLE] = len(cuts), len(sites), table.ctypes.data
+        head[_MEET] = len(sites) - 1 if in_place else len(sites)
         return head, kept
 
     return KernelCall(jit.entry_address(_member), block, _SRC, _DST, sites[-1].shape, team=True,
@@ -223,11 +232,20 @@ if AVAILABLE:
         omp.apart(head[_PLACE], me)
         layers = head[_LAYERS]
         table = carray(jit.int64s_at(head[_TABLE]), (head[_BANDS], _BAND + 3 * layers))
+        meet = head[_MEET]
         for t in range(me, head[_BANDS], team):  # a smaller team than planned: members take turns at the bands
             band = table[t]
             jit.c_call2(head[_SET], band[_SRC_MEM], head[_SRC] + band[_SRC_AT])
             jit.c_call2(head[_SET], band[_DST_MEM], head[_DST] + band[_DST_AT])
-            for k in range(layers):
-                at = _BAND + 3 * k
-                jit.c_call4(head[_EXECUTE], band[at], band[_STREAM], band[at + 1], band[at + 2])
-            jit.c_call1(head[_WAIT], band[_STREAM])
+            _layers(head, band, 0, meet)
+        if meet < layers:
+            jit.c_call0(head[_BARRIER])
+            for t in range(me, head[_BANDS], team):
+                _layers(head, table[t], meet, layers)
+
+    @jit.njit(cache=True, nogil=True, inline="always")
+    def _layers(head, band, start, stop):
+        for k in range(start, stop):
+            at = _BAND + 3 * k
+            jit.c_call4(head[_EXECUTE], band[at], band[_STREAM], band[at + 1], band[at + 2])
+        jit.c_call1(head[_WAIT], band[_STREAM])

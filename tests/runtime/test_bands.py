@@ -13,7 +13,7 @@ import pytest
 from kubetrt.runtime.accuracy import tolerance_for
 from kubetrt.runtime.devices.host import RUNTIME
 from kubetrt.runtime.executor import SequentialPlan
-from kubetrt.runtime.kernels import bands, onednn, primitive_chain
+from kubetrt.runtime.kernels import bands, omp, onednn, primitive_chain
 from kubetrt.runtime.kernels.buffers import whole_lines
 from kubetrt.runtime.kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, KernelCall, PrimitiveChain, Row
 from kubetrt.runtime.onnx_import import from_proto
@@ -249,7 +249,7 @@ def inverted_residual() -> Any:
     return make_model(nodes, {"x": f32(1, 3, 56, 56)}, ["g"], consts, dynamic_batch=True)
 
 
-def test_a_residual_sum_ends_a_band_run_and_lands_once_per_row() -> None:
+def test_a_residual_sum_ends_a_band_run_and_lands_once_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
     model = inverted_residual()
     plan = RUNTIME.prepare(from_proto(model), {})
     assert isinstance(plan, SequentialPlan)
@@ -265,3 +265,7 @@ def test_a_residual_sum_ends_a_band_run_and_lands_once_per_row() -> None:
     want = run_ort(model, {"x": x})[0]
     for y in got:
         np.testing.assert_allclose(y, want, rtol=TOL.rtol, atol=TOL.atol)
+    # one member running the bands in turn: a band that wrote rows a later band still reads shows
+    # every time, not only when the members' timing has it
+    monkeypatch.setattr(omp, "TEAM", 1)
+    np.testing.assert_allclose(bands_only_plan(chain, x), want.reshape(-1), rtol=TOL.rtol, atol=TOL.atol)
