@@ -173,7 +173,7 @@ class TeamChoice:
     CAPABLE = AVAILABLE and TEAM > 1
     ENABLED = CAPABLE and adaptive_teams(os.environ)
 
-    __slots__ = ("mean", "calls", "keeps_apart", "skipped")
+    __slots__ = ("mean", "calls", "keeps_apart", "skipped", "waking")
 
     def __init__(self, keeps_apart: bool = True) -> None:
         self.mean: list[float | None] = [None, None]  # seconds: [team, one thread]
@@ -182,6 +182,7 @@ class TeamChoice:
         # apart() on every call pass False
         self.keeps_apart = keeps_apart
         self.skipped = 0  # short team calls run without the choice (untimed)
+        self.waking = False  # this team call explores after calls alone: its members were asleep
 
     def pick(self) -> bool:
         """Whether this call runs single-threaded."""
@@ -194,8 +195,12 @@ class TeamChoice:
         elif alone is None:
             serial = True
         else:
+            # exploring the team after calls alone takes two calls, and the first is not recorded:
+            # it waits for members that fell asleep, which a short call's team time would never win back
             faster = alone < self.MARGIN * team
-            serial = not faster if self.calls % self.EXPLORE == 0 else faster
+            phase = self.calls % self.EXPLORE
+            serial = faster and phase > 1 or not faster and phase == 0
+            self.waking = faster and phase == 0
         if not serial and self.keeps_apart and self.calls % self.APART_EVERY == 0:
             keep_apart()
         return serial
@@ -217,6 +222,9 @@ class TeamChoice:
     def record(self, serial: bool, seconds: float) -> None:
         # first calls pay one-time costs (compiling, loading, first touch); a stream's calls share the cores
         if self.calls <= self.WARM or STREAM.alone:
+            return
+        if self.waking:
+            self.waking = False
             return
         self.mean[serial] = recent(self.mean[serial], seconds, self.ALPHA, self.RISE)
 
