@@ -22,23 +22,25 @@ from typing import Any, Mapping
 import numpy as np
 
 from . import jit, omp, onednn
-from .buffers import aligned, cache_bytes, whole_lines
+from .buffers import aligned, whole_lines
 from .primitive_chain import ARENA, Buffer, KernelCall, Row
 
 BANDS_ENV = "KUBETRT_ROW_BANDS"
 MIN_BAND_ROWS = 2  # result rows per band below which a run is not cut
 # The cost model a cut is weighed by, in microseconds: what a hand-off between two team calls
-# costs (the team's start, and the result crossing to the other members' caches, per byte, for
-# results small enough to be in cache at all: measured, larger ones cost the team no more than the
-# bands), and what the rows a band computes twice cost (multiply-adds per microsecond on one core:
-# AVX-512's two FMA units at about 3 GHz).
+# costs (the team's start, and the result crossing to the other members' caches, per byte), and
+# what the rows a band computes twice cost (multiply-adds per microsecond on one core: AVX-512's
+# two FMA units at about 3 GHz).
 HAND_OFF_US = 1.0
 CROSSING_US_PER_BYTE = 2.0 / 100_000
-CROSSING_MAX_BYTES = cache_bytes() // 4
 MACS_PER_US = 100_000
-# The least gain a cut must promise: below it the model's error decides (measured: two 112-row
-# layers of a few megabytes each, promised a microsecond, ran 5% slower in bands).
+# The least gain a cut must promise: below it the model's error decides.
 MIN_GAIN_US = 2.5
+# The activations a layer in bands may end with. Measured: EfficientNet's layers ending in swish
+# ran up to 1.7x slower on one of the two members when cut (not when the team ran them, nor one
+# thread alone, nor two processes side by side), which made the model 6-12% slower; ReLU and
+# clip (MobileNet's ReLU6) layers ran as fast as one thread alone on both.
+PIECEWISE_LINEAR = ("", "eltwise_relu", "eltwise_clip", "eltwise_clip_v2", "eltwise_linear")
 
 # The block a chain hands the team: the run's source and destination (written per call), then
 # the addresses members call, then the band table's shape and address, and the layer the members
@@ -96,8 +98,7 @@ def gain_us(layers: list[onednn.Rows], cuts: list[list[Cut]]) -> float:
     """What running `layers` in the bands `cuts` saves over the team running them one by one, by
     the cost model above: the hand-offs between them, less what the slowest band computes beyond
     an even share of the work (the rows it computes twice, and an uneven split)."""
-    sizes = [rows.oh * rows.out_row_bytes for rows in layers[:-1]]
-    hand_offs = sum(HAND_OFF_US + (size * CROSSING_US_PER_BYTE if size <= CROSSING_MAX_BYTES else 0.0) for size in sizes)
+    hand_offs = sum(HAND_OFF_US + rows.oh * rows.out_row_bytes * CROSSING_US_PER_BYTE for rows in layers[:-1])
     slowest = max(sum(c.oh * rows.work for c, rows in zip(band, layers)) for band in cuts)
     even = sum(rows.oh * rows.work for rows in layers) / len(cuts)
     return hand_offs - (slowest - even) / MACS_PER_US
@@ -114,7 +115,9 @@ class _Layer:
 def _layer(row: Row) -> _Layer | None:
     step = row.step
     rows = step.rows() if isinstance(step, onednn.Site) else None
-    return None if rows is None or not isinstance(step, onednn.Site) else _Layer(step, rows)
+    if rows is None or not isinstance(step, onednn.Site) or rows.activation not in PIECEWISE_LINEAR:
+        return None
+    return _Layer(step, rows)
 
 
 def _runs(rows: list[Row], layers: list[_Layer | None], buffers: list[Buffer], outputs: list[int]) -> list[tuple[int, int]]:

@@ -604,7 +604,8 @@ class Rows:
     """How one image's result rows (NHWC) depend on its input rows: what cutting a site into bands
     of rows, each run by one thread, needs (kernels/bands.py). `work`: multiply-adds (or reads, for
     a pooling) per result row, to weigh what the bands' overlap costs. `sums_into`: the result is
-    summed onto what its destination holds (a residual), so no two bands may write one row."""
+    summed onto what its destination holds (a residual), so no two bands may write one row.
+    `activation`: the fused activation's oneDNN name, "" for none."""
 
     h: int
     oh: int
@@ -616,6 +617,7 @@ class Rows:
     out_row_bytes: int
     work: int
     sums_into: bool = False
+    activation: str = ""
 
 
 class Conv2D(_FusedOp):
@@ -656,7 +658,8 @@ class Conv2D(_FusedOp):
             return None
         o, cg, kh, kw = self.w.shape
         return Rows(h, oh, kh, self.strides[0], self.dil[0], pt, wd * cg * self.group * self.src_dtype.itemsize,
-                    ow * o * self.dst_dtype.itemsize, ow * o * cg * kh * kw, self.residual)
+                    ow * o * self.dst_dtype.itemsize, ow * o * cg * kh * kw, self.residual,
+                    "" if self.activation is None else self.activation[0])
 
     @staticmethod
     def band_key(key: tuple[int, ...], ih: int, oh: int, pad_top: int, pad_bottom: int) -> tuple[int, ...]:
