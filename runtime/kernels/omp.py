@@ -173,7 +173,7 @@ class TeamChoice:
     CAPABLE = AVAILABLE and TEAM > 1
     ENABLED = CAPABLE and adaptive_teams(os.environ)
 
-    __slots__ = ("mean", "calls", "keeps_apart", "skipped", "waking")
+    __slots__ = ("mean", "calls", "keeps_apart", "skipped", "waking", "first_alone")
 
     def __init__(self, keeps_apart: bool = True) -> None:
         self.mean: list[float | None] = [None, None]  # seconds: [team, one thread]
@@ -182,7 +182,8 @@ class TeamChoice:
         # apart() on every call pass False
         self.keeps_apart = keeps_apart
         self.skipped = 0  # short team calls run without the choice (untimed)
-        self.waking = False  # this team call explores after calls alone: its members were asleep
+        self.waking = False  # this call's time says little: the team's members were asleep, or its one-thread primitives new
+        self.first_alone = True
 
     def pick(self) -> bool:
         """Whether this call runs single-threaded."""
@@ -192,8 +193,9 @@ class TeamChoice:
         team, alone = self.mean
         if not self.ENABLED or team is None or self.calls < self.WARM or team < self.MIN_TEAM_SECONDS:
             serial = False
-        elif alone is None:
+        elif alone is None:  # two calls alone: the first makes the one-thread primitives (a chain its table)
             serial = True
+            self.waking, self.first_alone = self.first_alone, False
         else:
             # exploring the team after calls alone takes two calls, and the first is not recorded:
             # it waits for members that fell asleep, which a short call's team time would never win back
@@ -226,7 +228,32 @@ class TeamChoice:
         if self.waking:
             self.waking = False
             return
+        self._update(serial, seconds)
+
+    def _update(self, serial: bool, seconds: float) -> None:
         self.mean[serial] = recent(self.mean[serial], seconds, self.ALPHA, self.RISE)
+
+
+class SteadyChoice(TeamChoice):
+    """A TeamChoice that judges each way by the median of its last SAMPLES timed calls: for calls
+    whose team time is bimodal, as a chain in bands beside a busy core (fast in the slices where
+    the caller happens to hold its core, slow in the rest), where counting a faster call at once
+    would credit the team with its luckiest calls. One stall moves a median no more than one
+    lucky call does."""
+
+    __slots__ = ("last",)
+    SAMPLES = 3
+
+    def __init__(self, keeps_apart: bool = True) -> None:
+        super().__init__(keeps_apart)
+        self.last: tuple[list[float], list[float]] = ([], [])
+
+    def _update(self, serial: bool, seconds: float) -> None:
+        last = self.last[serial]
+        last.append(seconds)
+        if len(last) > self.SAMPLES:
+            del last[0]
+        self.mean[serial] = sorted(last)[len(last) // 2]
 
 
 def choice_for(choices: dict[Any, TeamChoice], key: Any, keeps_apart: bool = True) -> TeamChoice:

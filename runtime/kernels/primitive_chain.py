@@ -226,7 +226,7 @@ class PrimitiveChain:
         self.results = [(b.shape, b.dtype) for b in self.buffers if b.kind == RESULT]
         # what each output is: its buffer, and the shape to view it in where the buffer's differs
         self._views = [(b, None if self.buffers[b].shape == shape else shape) for b, shape in self.outputs]
-        self.choice = omp.TeamChoice()
+        self.choice = omp.SteadyChoice()
         self._idle: list[_Arena] = []
 
     def __call__(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:

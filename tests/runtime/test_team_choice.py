@@ -24,7 +24,8 @@ def test_choice_follows_the_faster_team_and_keeps_exploring(monkeypatch: pytest.
     monkeypatch.setattr(TeamChoice, "ENABLED", True)
     choice = TeamChoice()
     quiet = drive(choice, team_s=1e-3, alone_s=1.7e-3, calls=320)
-    assert sum(quiet[TeamChoice.WARM:]) <= 320 // TeamChoice.EXPLORE + 1, "uncontended: the team runs, one thread only explores"
+    # the first try alone takes two calls (the first makes the one-thread primitives)
+    assert sum(quiet[TeamChoice.WARM:]) <= 320 // TeamChoice.EXPLORE + 2, "uncontended: the team runs, one thread only explores"
     contended = drive(choice, team_s=6e-3, alone_s=1.7e-3, calls=320)  # a neighbour takes a core
     # exploring the team takes two calls (the first wakes its members)
     assert sum(contended[-200:]) >= 200 - 2 * (200 // TeamChoice.EXPLORE + 1), "contended: one thread runs"
@@ -106,3 +107,40 @@ def test_the_team_s_first_call_after_calls_alone_is_not_what_it_is_judged_by(mon
         picks.append(serial)
         last = serial
     assert sum(picks[-TeamChoice.EXPLORE:]) <= 2, "the team, timed warm, is back"
+
+
+@pytest.mark.skipif(not TeamChoice.CAPABLE, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
+def test_the_first_call_alone_is_not_what_one_thread_is_judged_by(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
+    choice = TeamChoice()
+    drive(choice, team_s=3e-3, alone_s=2e-3, calls=TeamChoice.WARM + 1)
+    alone_calls = 0
+    for _ in range(8):
+        serial = choice.pick()
+        alone_calls += serial
+        choice.record(serial, (20e-3 if alone_calls == 1 else 2e-3) if serial else 3e-3)  # the first makes its primitives
+    assert choice.mean[1] == pytest.approx(2e-3)
+
+
+@pytest.mark.skipif(not TeamChoice.CAPABLE, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
+def test_a_steady_choice_judges_a_bimodal_team_by_its_usual_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # beside a busy core, a chain in bands: a third of the team's calls fast (the caller held its
+    # core), the rest slow; one thread steady between them
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
+    team_times = [6.9e-3, 2.7e-3, 10.8e-3, 6.9e-3, 6.9e-3, 2.7e-3]
+    judged = {}
+    for kind in (omp.SteadyChoice, TeamChoice):
+        choice = kind()
+        drive(choice, team_s=6.9e-3, alone_s=4.4e-3, calls=TeamChoice.WARM + 3)  # warm, then two calls alone
+        for t in team_times:
+            choice.record(False, t)
+        judged[kind] = choice.mean[0]
+        picks = [choice.pick() for _ in range(100)]
+        if kind is omp.SteadyChoice:
+            assert sum(picks) >= 98, "one thread, by the team's median"
+    assert judged[omp.SteadyChoice] == pytest.approx(6.9e-3)
+    assert judged[TeamChoice] == pytest.approx(2.7e-3)  # what crediting a faster call at once makes of it
+    steady = omp.SteadyChoice()
+    drive(steady, team_s=1e-3, alone_s=1.7e-3, calls=40)
+    steady.record(False, 50e-3)  # one stall: the median does not move
+    assert steady.mean[0] == pytest.approx(1e-3)
