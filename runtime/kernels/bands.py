@@ -34,8 +34,11 @@ MIN_BAND_ROWS = 2  # result rows per band below which a run is not cut
 HAND_OFF_US = 1.0
 CROSSING_US_PER_BYTE = 2.0 / 100_000
 MACS_PER_US = 100_000
-# The least gain a cut must promise: below it the model's error decides.
+# The least gain a cut must promise: below it the model's error decides; and a share of the run's
+# time, as one-thread primitives on long layers run a few percent below the team's (measured on
+# ResNet-50's, where cuts the hand-offs alone favoured made the model 1% slower).
 MIN_GAIN_US = 2.5
+MIN_GAIN_SHARE = 0.02
 # The activations a layer in bands may end with. Measured: EfficientNet's layers ending in swish
 # ran up to 1.7x slower on one of the two members when cut (not when the team ran them, nor one
 # thread alone, nor two processes side by side), which made the model 6-12% slower; ReLU and
@@ -114,10 +117,10 @@ class _Layer:
 
 def _layer(row: Row) -> _Layer | None:
     step = row.step
-    rows = step.rows() if isinstance(step, onednn.Site) else None
-    if rows is None or not isinstance(step, onednn.Site) or rows.activation not in PIECEWISE_LINEAR:
+    if not isinstance(step, onednn.Site):
         return None
-    return _Layer(step, rows)
+    rows = step.rows()
+    return None if rows is None or rows.activation not in PIECEWISE_LINEAR else _Layer(step, rows)
 
 
 def _runs(rows: list[Row], layers: list[_Layer | None], buffers: list[Buffer], outputs: list[int]) -> list[tuple[int, int]]:
@@ -154,30 +157,41 @@ def bands_enabled(env: Mapping[str, str]) -> bool:
 
 
 def team_rows(rows: list[Row], buffers: list[Buffer], outputs: list[int], bands: int | None = None) -> list[Row]:
-    """The chain's rows as its team runs them: in each run of layers, the stretch from its start
-    that gains the most by the cost model, where it gains, becomes one team call of `bands` bands
-    (one per team member by default)."""
+    """The chain's rows as its team runs them: in each run of layers, from its start on, the
+    stretch that gains the most by the cost model, where one gains, becomes one team call of
+    `bands` bands (one per team member by default)."""
     if not ENABLED:
         return rows
     bands = omp.TEAM if bands is None else bands
     layers = [_layer(row) for row in rows]
     out: list[Row] = []
     for i, j in _runs(rows, layers, buffers, outputs):
-        run = [layer for layer in layers[i:j] if layer is not None]
-        best: tuple[float, int, list[list[Cut]]] | None = None
-        for k in range(2, len(run) + 1):
-            geometry = [layer.rows for layer in run[:k]]
-            cuts = plan(geometry, bands)
-            gain = -1.0 if cuts is None else gain_us(geometry, cuts) - _in_place(rows[i:i + k]) * HAND_OFF_US
-            if cuts is not None and gain > MIN_GAIN_US and (best is None or gain > best[0]):
-                best = (gain, k, cuts)
-        if best is None:
-            out.extend(rows[i:j])
-            continue
-        _, k, cuts = best
-        out.append(Row(_call(run[:k], cuts, _in_place(rows[i:i + k])), rows[i].src, rows[i + k - 1].dst))
-        out.extend(rows[i + k:j])
+        while i < j:
+            best = _best_stretch(rows[i:j], layers[i:j], bands)
+            if best is None:
+                out.append(rows[i])
+                i += 1
+                continue
+            k, cuts = best
+            out.append(Row(_call([layer for layer in layers[i:i + k] if layer is not None], cuts, _in_place(rows[i:i + k])),
+                           rows[i].src, rows[i + k - 1].dst))
+            i += k
     return out
+
+
+def _best_stretch(rows: list[Row], layers: list[_Layer | None], bands: int) -> tuple[int, list[list[Cut]]] | None:
+    """The length of the stretch from the run's first row that gains the most, and its cuts."""
+    best: tuple[float, int, list[list[Cut]]] | None = None
+    for k in range(2, len(rows) + 1):
+        geometry = [layer.rows for layer in layers[:k] if layer is not None]
+        cuts = plan(geometry, bands) if len(geometry) == k else None
+        if cuts is None:
+            continue
+        gain = gain_us(geometry, cuts) - _in_place(rows[:k]) * HAND_OFF_US
+        run_us = sum(g.oh * g.work for g in geometry) / bands / MACS_PER_US
+        if gain > max(MIN_GAIN_US, MIN_GAIN_SHARE * run_us) and (best is None or gain > best[0]):
+            best = (gain, k, cuts)
+    return None if best is None else best[1:]
 
 
 def _in_place(stretch: list[Row]) -> bool:
