@@ -189,19 +189,21 @@ def small_cnn() -> Any:
     return make_model(nodes, {"x": f32(1, 3, 32, 32)}, ["g"], consts, dynamic_batch=True)
 
 
-def chains(plan: SequentialPlan, x: np.ndarray) -> list[PrimitiveChain]:
-    return [run for run, *_ in plan.captured_steps([x]) or [] if isinstance(run, PrimitiveChain)]
+def captured(model: Any, x: np.ndarray) -> tuple[PrimitiveChain, list[np.ndarray], list[Row]]:
+    """The model's one chain, captured for x by the first of four plan runs; the runs' results;
+    the chain's rows its team runs in band calls."""
+    plan = RUNTIME.prepare(from_proto(model), {})
+    assert isinstance(plan, SequentialPlan)
+    got = [plan.run([x])[0] for _ in range(4)]
+    (chain,) = [run for run, *_ in plan.captured_steps([x]) or [] if isinstance(run, PrimitiveChain)]
+    return chain, got, [row for row in chain.rows if row.step not in [r.step for r in chain.team_rows]]
 
 
 def test_a_plan_at_batch_1_runs_its_layers_in_bands_with_onnxruntime_s_results() -> None:
     model = small_cnn()
-    plan = RUNTIME.prepare(from_proto(model), {})
-    assert isinstance(plan, SequentialPlan)
     x = f32(1, 3, 32, 32)
-    got = [plan.run([x])[0] for _ in range(4)]
-    (chain,) = chains(plan, x)
+    chain, got, cut = captured(model, x)
     first = band_calls(chain.team_rows)[0]
-    cut = [row for row in chain.rows if row.step not in [r.step for r in chain.team_rows]]
     assert [row.step.op.kind for row in cut[:3]] == ["Conv", "Conv", "Pool"]  # type: ignore[union-attr]
     assert first.src == cut[0].src and first.dst == cut[2].dst
     want = run_ort(model, {"x": x})[0]
@@ -220,12 +222,7 @@ def bands_only_plan(chain: PrimitiveChain, x: np.ndarray) -> np.ndarray:
 
 
 def test_batches_of_more_than_one_image_are_not_cut() -> None:
-    plan = RUNTIME.prepare(from_proto(small_cnn()), {})
-    assert isinstance(plan, SequentialPlan)
-    x = f32(2, 3, 32, 32)
-    for _ in range(2):
-        plan.run([x])
-    (chain,) = chains(plan, x)
+    chain, _, _ = captured(small_cnn(), f32(2, 3, 32, 32))
     assert band_calls(chain.team_rows) == [] and chain.team_rows == chain.rows
 
 
@@ -250,13 +247,9 @@ def inverted_residual() -> Any:
 
 def test_a_residual_sum_ends_a_band_run_and_lands_once_per_row(monkeypatch: pytest.MonkeyPatch) -> None:
     model = inverted_residual()
-    plan = RUNTIME.prepare(from_proto(model), {})
-    assert isinstance(plan, SequentialPlan)
     x = f32(1, 3, 56, 56)
-    got = [plan.run([x])[0] for _ in range(4)]
-    (chain,) = chains(plan, x)
+    chain, got, cut = captured(model, x)
     (call,) = band_calls(chain.team_rows)
-    cut = [row for row in chain.rows if row.step not in [r.step for r in chain.team_rows]]
     # expand, depthwise, project: the 3x3 after the sum is not cut with them (its bands' overlap
     # would have the sum computed twice on the rows at the cut)
     assert [row.step.op.residual for row in cut] == [False, False, True]  # type: ignore[union-attr]
