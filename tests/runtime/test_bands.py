@@ -272,3 +272,13 @@ def test_layers_ending_in_swish_are_not_cut(always_cut: None) -> None:
     assert band_calls(chain.team_rows) == []
     chain = chain_of([sites[1], conv(16, 16, 3, 1, 32)[0]], x_shape, 2)
     assert len(band_calls(chain.team_rows)) == 1
+
+
+def test_long_layers_are_cut_only_for_a_share_of_their_time() -> None:
+    # a 3x3 then a 1x1: no rows computed twice, so the hand-off is all the model weighs; at
+    # ResNet-50's widths the layers take near a millisecond, and a few microseconds saved is noise
+    def pair(c: int) -> PrimitiveChain:
+        x_shape = (1, 28, 28, c)
+        return chain_of([conv(c, c, 3, 1, 28)[0], conv(c, 4 * c, 1, 1, 28)[0]], x_shape, 2)
+    assert len(band_calls(pair(32).team_rows)) == 1
+    assert band_calls(pair(128).team_rows) == []
