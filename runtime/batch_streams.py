@@ -19,6 +19,7 @@ import logging
 import os
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -28,7 +29,6 @@ from kubetrt.telemetry.logs import log
 from . import capture
 from .executor import SequentialPlan
 from .kernels import omp, parallel
-from .kernels.buffers import cache_bytes
 from .program import Kernel, Program
 from .specialize import ShapeSpecializedPlan
 
@@ -142,6 +142,15 @@ def streams_mode(env: Mapping[str, str]) -> str:
     if value not in MODES:
         raise ValueError(f"{STREAMS_ENV}={value!r}: expected one of {', '.join(MODES)}")
     return value
+
+
+def cache_bytes() -> int:
+    """A core's own cache (L2), what a stream's activations should fit in; 1 MiB where it is not known."""
+    try:
+        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip().upper()
+        return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text)
+    except (OSError, ValueError, IndexError):
+        return 1 << 20
 
 
 def piece_size(share: int, sample_bytes: int, budget: int) -> int:

@@ -6,8 +6,6 @@ kernel that loads 64 bytes at a time would straddle two lines on every load ther
 """
 from __future__ import annotations
 
-from pathlib import Path
-
 import numpy as np
 
 LINE = 64
@@ -29,13 +27,3 @@ def aligned_empty(shape: tuple[int, ...], dtype: np.dtype | type) -> np.ndarray:
     """np.empty(shape, dtype), starting on a cache line."""
     dt = np.dtype(dtype)
     return aligned(int(np.prod(shape)) * dt.itemsize).view(dt).reshape(shape)
-
-
-def cache_bytes() -> int:
-    """A core's own cache (L2): what a stream's activations should fit in, and what a value handed
-    between layers may take and still be in cache for the next; 1 MiB where it is not known."""
-    try:
-        text = Path("/sys/devices/system/cpu/cpu0/cache/index2/size").read_text().strip().upper()
-        return int(text[:-1]) * {"K": 1 << 10, "M": 1 << 20}[text[-1]] if text[-1] in "KM" else int(text)
-    except (OSError, ValueError, IndexError):
-        return 1 << 20
