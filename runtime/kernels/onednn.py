@@ -535,7 +535,7 @@ class Site:
         return made
 
     def rows(self) -> Rows | None:
-        """Its rows' geometry where it may run in bands (one NHWC image), else None."""
+        """Its rows' geometry where it may run in bands (one float32 NHWC image), else None."""
         rows_of = getattr(self.op, "rows_of", None)
         return None if rows_of is None else rows_of(self.key)
 
@@ -654,7 +654,7 @@ class Conv2D(_FusedOp):
 
     def rows_of(self, key: tuple[int, ...]) -> Rows | None:
         n, h, wd, oh, ow, pt, _, _, _, layout = key
-        if n != 1 or layout != _PLAIN or not self.nhwc or (self.residual and self.quant is not None):
+        if n != 1 or layout != _PLAIN or not self.nhwc or self.quant is not None:  # bands are tested in float32
             return None
         o, cg, kh, kw = self.w.shape
         return Rows(h, oh, kh, self.strides[0], self.dil[0], pt, wd * cg * self.group * self.src_dtype.itemsize,
