@@ -33,9 +33,9 @@ class CallWay:
     windows by ALPHA; a window's first call is left out (after a switch it pays the other
     thread's wake-up or the other core's cache: the switch's cost, not the way's). At a window's
     end the next one's way is chosen: alone where one thread beats the team by MARGIN, and now and
-    then the other way, so that both stay timed. Where the team's fastest windows (its time without
-    stalls) take over LONG_CALL, or one thread takes GAIN times as long, the team keeps the calls
-    for good."""
+    then the other way, so that both stay timed. Where the team's usual window (the median of its
+    last few: its time without stalls that hit some windows) takes over LONG_CALL, or one thread
+    takes GAIN times as long, the team keeps the calls for good."""
 
     # windows: the other way runs one window in this many; one thread rarely (the team leads by far
     # where no neighbour is, and small models pay for each window alone), the team more often (a
@@ -44,7 +44,7 @@ class CallWay:
     WARM = 2  # windows on the team before any choosing: first calls pay one-time costs
     MARGIN = omp.TeamChoice.MARGIN
     ALPHA = 0.25
-    RISE = 0.1  # a stalled window raises the team's fastest time by ALPHA * RISE at most
+    LOW_WINDOWS = 3  # the team's time without stalls: the median of its last this many windows
     # Calls longer than this keep the team for good: their kernels are long enough to choose for
     # themselves, and a window alone would cost seconds.
     LONG_CALL = 2e-3
@@ -53,7 +53,7 @@ class CallWay:
     # the calls alone would all be slower.
     GAIN = 1.4
 
-    __slots__ = ("alone", "calls", "spent", "windows", "team", "team_low", "one", "settled")
+    __slots__ = ("alone", "calls", "spent", "windows", "team", "team_low", "lows", "one", "settled")
 
     def __init__(self) -> None:
         self.alone = False  # this window's way
@@ -62,7 +62,10 @@ class CallWay:
         self.windows = 0
         self.team: float | None = None  # mean seconds per call on the team, on one thread
         self.one: float | None = None
-        self.team_low: float | None = None  # the team's fastest windows lately: its time without stalls
+        # the team's usual window lately: its time without stalls, where they hit some windows; one
+        # lucky window (the neighbour off the core for its length) does not make it
+        self.team_low: float | None = None
+        self.lows: list[float] = []
         self.settled = False  # on the team for good (LONG_CALL, GAIN)
 
     def end_window(self) -> None:
@@ -73,7 +76,7 @@ class CallWay:
                 self.one = mean if self.one is None else self.one + self.ALPHA * (mean - self.one)
             else:
                 self.team = mean if self.team is None else self.team + self.ALPHA * (mean - self.team)
-                self.team_low = omp.recent(self.team_low, mean, self.ALPHA, self.RISE)
+                self.team_low = omp.steady(self.lows, mean, self.LOW_WINDOWS)
         self.calls, self.spent = 0, 0.0
         self.windows += 1
         self.alone = self.choose()
@@ -81,7 +84,7 @@ class CallWay:
     def choose(self) -> bool:
         """Whether the next window runs alone."""
         team, one, low = self.team, self.one, self.team_low
-        if self.windows <= self.WARM or team is None or low is None:
+        if self.settled or self.windows <= self.WARM or team is None or low is None:
             return False
         if low > self.LONG_CALL or (one is not None and one > self.GAIN * low):
             self.settled = True

@@ -249,11 +249,16 @@ class SteadyChoice(TeamChoice):
         self.last: tuple[list[float], list[float]] = ([], [])
 
     def _update(self, serial: bool, seconds: float) -> None:
-        last = self.last[serial]
-        last.append(seconds)
-        if len(last) > self.SAMPLES:
-            del last[0]
-        self.mean[serial] = sorted(last)[len(last) // 2]
+        self.mean[serial] = steady(self.last[serial], seconds, self.SAMPLES)
+
+
+def steady(last: list[float], seconds: float, samples: int) -> float:
+    """The median of the last `samples` times, `seconds` the newest (kept in `last`): a way's
+    usual time, which neither one stall nor one lucky call moves."""
+    last.append(seconds)
+    if len(last) > samples:
+        del last[0]
+    return sorted(last)[len(last) // 2]
 
 
 def choice_for(choices: dict[Any, TeamChoice], key: Any, keeps_apart: bool = True) -> TeamChoice:
