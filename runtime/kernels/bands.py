@@ -166,25 +166,25 @@ def team_rows(rows: list[Row], buffers: list[Buffer], outputs: list[int], bands:
     layers = [_layer(row) for row in rows]
     out: list[Row] = []
     for i, j in _runs(rows, layers, buffers, outputs):
+        run = [layer for layer in layers[i:j] if layer is not None]  # every row's in a run of two or more
         while i < j:
-            best = _best_stretch(rows[i:j], layers[i:j], bands)
+            best = _best_stretch(rows[i:j], run, bands)
             if best is None:
                 out.append(rows[i])
-                i += 1
+                i, run = i + 1, run[1:]
                 continue
             k, cuts = best
-            out.append(Row(_call([layer for layer in layers[i:i + k] if layer is not None], cuts, _in_place(rows[i:i + k])),
-                           rows[i].src, rows[i + k - 1].dst))
-            i += k
+            out.append(Row(_call(run[:k], cuts, _in_place(rows[i:i + k])), rows[i].src, rows[i + k - 1].dst))
+            i, run = i + k, run[k:]
     return out
 
 
-def _best_stretch(rows: list[Row], layers: list[_Layer | None], bands: int) -> tuple[int, list[list[Cut]]] | None:
+def _best_stretch(rows: list[Row], run: list[_Layer], bands: int) -> tuple[int, list[list[Cut]]] | None:
     """The length of the stretch from the run's first row that gains the most, and its cuts."""
     best: tuple[float, int, list[list[Cut]]] | None = None
     for k in range(2, len(rows) + 1):
-        geometry = [layer.rows for layer in layers[:k] if layer is not None]
-        cuts = plan(geometry, bands) if len(geometry) == k else None
+        geometry = [layer.rows for layer in run[:k]]
+        cuts = plan(geometry, bands)
         if cuts is None:
             continue
         gain = gain_us(geometry, cuts) - _in_place(rows[:k]) * HAND_OFF_US
