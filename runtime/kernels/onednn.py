@@ -125,6 +125,14 @@ _lib = _load()
 AVAILABLE = _lib is not None
 
 
+def _way(choice: TeamChoice) -> tuple[bool, TeamChoice | None]:
+    """This call's way: whether it runs single-threaded, and the choice to time it for (None where
+    the choice leaves a short team call untimed)."""
+    if choice.untimed():
+        return False, None
+    return choice.pick(), choice
+
+
 def _execute(prim: "_Primitive", src: np.ndarray, dst: np.ndarray, consts: list[int], serial: bool, choice: TeamChoice | None) -> None:
     """Run a source-to-destination primitive (a single-threaded one under a team of one), timed for
     `choice` (None: a call the choice left untimed)."""
@@ -485,6 +493,11 @@ class _FusedOp:
         consts += [values.ctypes.data for _, values in self._scales]
         return (prim, consts, weights)
 
+    def rows_of(self, key: tuple[int, ...]) -> "Rows | None":
+        """Its rows' geometry for this input shape key where it may run in bands: None here, as a
+        dense layer's rows are not an image's (Conv2D says otherwise)."""
+        return None
+
     def implementation(self, key: tuple[int, ...]) -> str:
         """The kernel oneDNN runs for this input shape key (made now if it is not yet)."""
         return self._primitive(key)[0].implementation
@@ -536,8 +549,7 @@ class Site:
 
     def rows(self) -> Rows | None:
         """Its rows' geometry where it may run in bands (one float32 NHWC image), else None."""
-        rows_of = getattr(self.op, "rows_of", None)
-        return None if rows_of is None else rows_of(self.key)
+        return self.op.rows_of(self.key)
 
     def band(self, ih: int, oh: int, pad_top: int, pad_bottom: int) -> tuple[_Primitive, list[int], np.ndarray | None]:
         """The one-thread primitive for a band of its rows: `oh` result rows from `ih` input rows,
@@ -550,9 +562,7 @@ class Site:
             raise ValueError(f"{op.kind} {op.name}: expected a {op.src_dtype} input, got {x.dtype}")
         if not x.flags.c_contiguous:
             x = np.ascontiguousarray(x)
-        choice = self.choice
-        untimed = choice.untimed()
-        serial = False if untimed else choice.pick()
+        serial, timed_for = _way(self.choice)
         made = self.made[serial] or self.primitive(serial)
         shape = self.shape
         if op.residual:
@@ -568,7 +578,7 @@ class Site:
                 np.copyto(out.view(residual.dtype), residual)
         else:
             out = np.empty(shape, dtype=op.dst_dtype)
-        _execute(made[0], x, out, made[1], serial, None if untimed else choice)
+        _execute(made[0], x, out, made[1], serial, timed_for)
         return out
 
 
@@ -852,10 +862,8 @@ class Reorder:
             raise ValueError(f"reorder: expected a float32 {want} tensor, got {x.dtype} of shape {list(x.shape)}")
         nhwc = x.shape if self.to_blocked else unblocked_shape(x.shape)
         out = np.empty(blocked_shape(nhwc) if self.to_blocked else nhwc, dtype=_F32)
-        choice = omp.choice_for(self._choices, nhwc)
-        untimed = choice.untimed()
-        serial = False if untimed else choice.pick()
-        _execute(self._primitive(tuple(nhwc), serial), np.ascontiguousarray(x), out, [], serial, None if untimed else choice)
+        serial, timed_for = _way(omp.choice_for(self._choices, nhwc))
+        _execute(self._primitive(tuple(nhwc), serial), np.ascontiguousarray(x), out, [], serial, timed_for)
         return out
 
 
