@@ -40,9 +40,12 @@ MACS_PER_US = 100_000
 MIN_GAIN_US = 2.5
 MIN_GAIN_SHARE = 0.02
 # The activations a layer in bands may end with. Measured: EfficientNet's layers ending in swish
-# ran up to 1.7x slower on one of the two members when cut (not when the team ran them, nor one
-# thread alone, nor two processes side by side), which made the model 6-12% slower; ReLU and
-# clip (MobileNet's ReLU6) layers ran as fast as one thread alone on both.
+# ran up to 1.7x slower on one of the two members when cut, which made the model 6-12% slower.
+# The cause is where the member's stack lies: oneDNN's swish post-op spills vector registers to
+# the stack, and at some stack addresses those stores alias (4K apart) the constants its code
+# loads, which stalls every load; another stack offset for the member ran at full speed, yet
+# moved the stall to other layers, and with no stall bands gained nothing on EfficientNet. ReLU
+# and clip (MobileNet's ReLU6) spill nothing, and ran as fast as one thread alone on both.
 PIECEWISE_LINEAR = ("", "eltwise_relu", "eltwise_clip", "eltwise_clip_v2", "eltwise_linear")
 
 # The block a chain hands the team: the run's source and destination (written per call), then

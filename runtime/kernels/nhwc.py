@@ -11,7 +11,7 @@ from typing import Callable
 import numpy as np
 from numpy.lib.stride_tricks import as_strided
 
-from . import activations, conv_gemm, jit, onednn, parallel, sgemm
+from . import activations, conv_gemm, jit, onednn, parallel, sgemm, winograd
 from .primitive_chain import KernelCall, Link, linkable
 from .nn import conv_geometry, geometry_by_input_size, make_epilogue, out_size
 from .registry import BLOCKED_RESULT, OutputShapes, KernelSpec, Run, register, same_as_input
@@ -120,6 +120,8 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     jit_epilogue = jit.AVAILABLE and jit_act is not None
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
     dnnl = onednn.conv_for_node(spec, w, "nhwc")
+    winograd_conv = (winograd.WinogradConv(w, spec.const(2) if spec.has(2) else None, dnnl.activation, spec.name)
+                if dnnl is not None and winograd.applies(w, group, dnnl.strides, dnnl.dil, dnnl.activation, dnnl.residual) else None)
 
     geometry = geometry_by_input_size(spec, (kh, kw))
 
@@ -133,6 +135,8 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             _, _, b, e, oh, ow = geometry(*(shape[2:4] if blocked else shape[1:3]))
             # the region's reads take blocks from the batch where a ToBlocked would have made them
             blocked_out = blocked_result and not blocked and shape[0] >= onednn.BLOCKED_MIN_BATCH
+            if winograd_conv is not None and not blocked_out and winograd.worth(shape, oh, ow):
+                return bound.setdefault(shape, winograd_conv.site(shape, oh, ow, b[0], b[1]))
             return bound.setdefault(shape, dnnl.bind(shape, oh, ow, b, e, blocked_out))
 
         def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
@@ -145,6 +149,8 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             if residual is not None and (residual.ndim != x.ndim or not residual_inplace):
                 return None
             call = bound.get(x.shape) or bind(x.shape)
+            if isinstance(call, winograd.WinogradSite):
+                return Link(call.kernel, 0, call.shape)
             if not isinstance(call, onednn.Site):  # an image's channels transposed first
                 return None
             return Link(call, 0, call.shape, into=None if residual is None else 3)

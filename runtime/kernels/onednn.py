@@ -767,6 +767,31 @@ class Dense(_FusedOp):
         return self._run((rows.shape[0],), rows, a.shape[:-1] + (n,), residual, overwrite_residual)
 
 
+class BatchedMatmul(_FusedOp):
+    """c[t] = a[t] @ w[t] for t in a batch of constant float32 matrices w (T, K, N): Winograd's 36
+    products in one call (kernels/winograd.py). No bias or post-ops: the caller's transform adds them."""
+
+    kind = "BatchedMatMul"
+
+    def __init__(self, w: np.ndarray, name: str = "batched_matmul") -> None:
+        super().__init__(w, tuple(w.shape), _enum("fmt_tag", "abc"), None, None, False, name)
+
+    def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
+        lib, st = _lib, _library()
+        (m,) = key
+        t, k, n = self.w.shape
+        abc = self.w_tag
+        mds = [_md((t, m, k), st.f32, abc), _md((t, k, n), st.f32, st.tag_any), None, _md((t, m, n), st.f32, abc)]
+
+        def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:
+            check(lib.dnnl_matmul_primitive_desc_create(pd, st.engine, src, w, b, dst, attr), "matmul")  # type: ignore[union-attr]
+        return _descriptor_with(mds, create)
+
+    def primitive_for(self, rows: int) -> tuple[_Primitive, list[int], np.ndarray]:
+        """The one-thread primitive for `rows` rows of each matrix (a team member's call)."""
+        return self._primitive((rows,), True)
+
+
 class Pool2D:
     """Max or average pooling of NHWC float32 (`algorithm`: pooling_max, pooling_avg_exclude_padding
     or pooling_avg_include_padding): oneDNN's kernels read the channels innermost in one pass."""

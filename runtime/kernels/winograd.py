@@ -1,0 +1,377 @@
+"""3x3 stride-1 float32 convolutions as Winograd F(4x4, 3x3): a quarter of the multiply-adds.
+
+Why: a direct 3x3 convolution spends 144 multiply-adds per input channel on a 4x4 patch of
+results; Winograd's minimal filtering spends 36, in 36 independent matrix products, at the price
+of transforming each 6x6 input patch before and each 6x6 product after (adds and a few small
+constants, computed once per patch and channel). ResNet's 3x3 layers run on oneDNN's direct
+kernels near the cores' peak, so fewer multiply-adds is what is left to gain there.
+
+How: the weights are transformed once (U = G g Gᵀ, float64 then float32) and laid out as 36
+matrices (C, O). A call cuts the image's 4x4 result tiles into blocks; each team member takes
+blocks in turn and, per block: transforms its tiles' input patches into V (36, tiles, C) in its
+own scratch, multiplies V by U with a one-thread oneDNN batched matmul, and transforms the
+products back into its result tiles (Aᵀ m A), adding the bias and clamping (ReLU, ReLU6, none)
+on the way out. Padding is the convolution's: patch values outside the image read as zero, and
+result pixels beyond the image are not stored.
+
+The transform's constants grow the rounding error by about a digit over the direct kernel's;
+float32 stays within the host tolerance the numerics tests hold every layer to.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import Any, Mapping
+
+import numpy as np
+
+from . import jit, omp, onednn
+from .activations import Eltwise
+from .buffers import aligned
+from .primitive_chain import KernelCall, in_line
+
+WINOGRAD_ENV = "KUBETRT_WINOGRAD"
+TILE, PATCH = 4, 6  # results per tile side, input patch side (TILE + 3 - 1)
+LANES = 16  # channels per transform step: a cache line of float32
+# A block's tiles: its V and M scratch (36 x tiles x (C + O) floats) fits about this much of a
+# core's cache, within bounds the batched matmul still runs near its peak at.
+BLOCK_BYTES = 1 << 20
+MIN_BLOCK_TILES, MAX_BLOCK_TILES = 16, 128
+# Below these the direct kernel wins. Few tiles: the members stream all 36 transformed weight
+# matrices, four times the direct kernel's weights, for few rows; within a model the weights come
+# from memory, not cache, so a layer alone can mislead (ResNet-50's 14x14x256 layers, 16 tiles,
+# ran 1.3x faster alone and made the model 2% slower). Few input channels: the transforms' work
+# per tile grows with the channels, the products' with their square.
+MIN_TILES = 32
+MIN_CHANNELS = 64
+
+_BT = np.array([[4, 0, -5, 0, 1, 0],
+                [0, -4, -4, 1, 1, 0],
+                [0, 4, -4, -1, 1, 0],
+                [0, -2, -1, 2, 1, 0],
+                [0, 2, -1, -2, 1, 0],
+                [0, 4, 0, -5, 0, 1]], dtype=np.float64)
+_G = np.array([[1 / 4, 0, 0],
+               [-1 / 6, -1 / 6, -1 / 6],
+               [-1 / 6, 1 / 6, -1 / 6],
+               [1 / 24, 1 / 12, 1 / 6],
+               [1 / 24, -1 / 12, 1 / 6],
+               [0, 0, 1]], dtype=np.float64)
+_AT = np.array([[1, 1, 1, 1, 1, 0],
+                [0, 1, -1, 2, -2, 0],
+                [0, 1, 1, 4, 4, 0],
+                [0, 1, -1, 8, -8, 1]], dtype=np.float64)
+
+
+def _u(w: np.ndarray) -> np.ndarray:
+    """U = G g Gᵀ for every (output, input) channel pair of OIHW 3x3 weights: (6, 6, C, O), float64."""
+    return np.einsum("ik,ockl,jl->ijco", _G, w.astype(np.float64), _G)
+
+
+def transformed_weights(w: np.ndarray) -> np.ndarray:
+    """The kernel's weights: U as 36 float32 (C, O) matrices."""
+    return np.ascontiguousarray(_u(w).reshape(PATCH * PATCH, w.shape[1], w.shape[0]), dtype=np.float32)
+
+
+def reference(x: np.ndarray, w: np.ndarray, pad_top: int, pad_left: int, oh: int, ow: int) -> np.ndarray:
+    """The same algorithm in NumPy, float64 throughout, tile by tile: equal to a direct
+    convolution but for rounding, which is what shows its transforms are right."""
+    n, h, wd, c = x.shape
+    th, tw = -(-oh // TILE), -(-ow // TILE)
+    xp = np.zeros((n, th * TILE + 2, tw * TILE + 2, c))
+    rows, cols = min(h, th * TILE + 2 - pad_top), min(wd, tw * TILE + 2 - pad_left)
+    xp[:, pad_top:pad_top + rows, pad_left:pad_left + cols] = x[:, :rows, :cols]
+    u = _u(w)
+    y = np.zeros((n, th * TILE, tw * TILE, u.shape[-1]))
+    for i in range(th):
+        for j in range(tw):
+            d = xp[:, i * TILE:i * TILE + PATCH, j * TILE:j * TILE + PATCH]  # n, 6, 6, c
+            v = np.einsum("ik,nklc,jl->nijc", _BT, d, _BT)
+            m = np.einsum("nijc,ijco->nijo", v, u)
+            y[:, i * TILE:(i + 1) * TILE, j * TILE:(j + 1) * TILE] = np.einsum("ik,nklo,jl->nijo", _AT, m, _AT)
+    return y[:, :oh, :ow]
+
+
+def tiles_of(n: int, oh: int, ow: int) -> int:
+    """Result tiles of a batch of n (oh, ow) results."""
+    return n * -(-oh // TILE) * -(-ow // TILE)
+
+
+def block_tiles(c: int, o: int, tiles: int, members: int) -> int:
+    """Tiles per block for c input and o output channels: the cache's share, evened out so the
+    members get as many blocks each."""
+    most = max(MIN_BLOCK_TILES, min(MAX_BLOCK_TILES, BLOCK_BYTES // (PATCH * PATCH * 4 * (c + o))))
+    blocks = -(-tiles // most)
+    blocks = -(-blocks // members) * members
+    return -(-tiles // blocks)
+
+
+def winograd_enabled(env: Mapping[str, str]) -> bool:
+    """WINOGRAD_ENV: 1 (the default) runs 3x3 layers with enough tiles as Winograd's, 0 never does."""
+    text = env.get(WINOGRAD_ENV, "1").strip() or "1"
+    if text not in ("0", "1"):
+        raise ValueError(f"{WINOGRAD_ENV}={text!r}: expected 1 (Winograd's form for 3x3 layers where it gains) or 0")
+    return text == "1"
+
+
+# The block a chain hands the team: source and destination (written per call), the addresses
+# members call, the geometry, the bias followed by the clamp's bounds, and the members' table.
+# A member's row: its stream, its V, M and transform scratch, then per matmul (full block, last
+# block): primitive, argument count, packed arguments.
+(_SRC, _DST, _NUM_THREADS, _THREAD_NUM, _PLACE, _EXECUTE, _WAIT, _N, _H, _W, _C, _O, _OH, _OW, _PAD_TOP, _PAD_LEFT,
+ _TILES, _BLOCK_TILES, _BIAS, _TABLE, _HEAD) = range(21)
+_STREAM, _V, _M, _SCRATCH, _FULL, _LAST = 0, 1, 2, 3, 4, 7
+_ROW = 10
+
+
+if jit.AVAILABLE:
+    from numba import carray
+
+    # Every inner loop runs along the channels over views made from addresses, and stores one
+    # stream: an offset index gets numba's wraparound select, and stores beside several loads of
+    # unknown aliasing need more run-time overlap checks than LLVM makes before it vectorizes.
+
+    @jit.njit(cache=True, nogil=True, inline="always")
+    def _at(base, index, n):
+        """n float32 from `index` (in floats) of the memory at address `base`."""
+        return carray(jit.float32s_at(base + index * 4), (n,))
+
+    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
+    def _six_to_six(src, s0, stride, dst, d0, dstride, n):
+        """dst rows d0 + i * dstride = (Bᵀ u)_i for the six rows src s0 + j * stride, n floats each."""
+        u0, u1, u2 = _at(src, s0, n), _at(src, s0 + stride, n), _at(src, s0 + 2 * stride, n)
+        u3, u4, u5 = _at(src, s0 + 3 * stride, n), _at(src, s0 + 4 * stride, n), _at(src, s0 + 5 * stride, n)
+        o = _at(dst, d0, n)
+        for k in range(n):
+            o[k] = 4.0 * u0[k] - 5.0 * u2[k] + u4[k]
+        o = _at(dst, d0 + dstride, n)
+        for k in range(n):
+            o[k] = -4.0 * (u1[k] + u2[k]) + u3[k] + u4[k]
+        o = _at(dst, d0 + 2 * dstride, n)
+        for k in range(n):
+            o[k] = 4.0 * (u1[k] - u2[k]) - u3[k] + u4[k]
+        o = _at(dst, d0 + 3 * dstride, n)
+        for k in range(n):
+            o[k] = 2.0 * (u3[k] - u1[k]) - u2[k] + u4[k]
+        o = _at(dst, d0 + 4 * dstride, n)
+        for k in range(n):
+            o[k] = 2.0 * (u1[k] - u3[k]) - u2[k] + u4[k]
+        o = _at(dst, d0 + 5 * dstride, n)
+        for k in range(n):
+            o[k] = 4.0 * u1[k] - 5.0 * u3[k] + u5[k]
+
+    @jit.njit(cache=True, nogil=True)
+    def _patches_in(x, v, d, t0, t1, rows, h, wd, c, th, tw, pad_top, pad_left):
+        """V[e, q, :] for the tiles t0..t1 (q = t - t0) of NHWC x (addresses all): d is scratch
+        for 2 x 36 x c floats, the patch (zero outside the image), then Bᵀ d."""
+        per_image = th * tw
+        cells = PATCH * PATCH * c
+        for t in range(t0, t1):
+            q = t - t0
+            img, rest = t // per_image, t % per_image
+            y0, x0 = (rest // tw) * TILE - pad_top, (rest % tw) * TILE - pad_left
+            if 0 <= y0 and y0 + PATCH <= h and 0 <= x0 and x0 + PATCH <= wd:  # inside the image: Bᵀ d straight from x
+                corner = ((img * h + y0) * wd + x0) * c
+                for s in range(PATCH):
+                    _six_to_six(x, corner + s * c, wd * c, d, cells + s * c, PATCH * c, c)
+            else:  # at an edge: the patch first, zero outside the image
+                for r in range(PATCH):
+                    yy = y0 + r
+                    for s in range(PATCH):
+                        xx = x0 + s
+                        cell = _at(d, (r * PATCH + s) * c, c)
+                        if 0 <= yy < h and 0 <= xx < wd:
+                            src = _at(x, ((img * h + yy) * wd + xx) * c, c)
+                            for k in range(c):
+                                cell[k] = src[k]
+                        else:
+                            for k in range(c):
+                                cell[k] = 0.0
+                for s in range(PATCH):  # Bᵀ d, column by column
+                    _six_to_six(d, s * c, PATCH * c, d, cells + s * c, PATCH * c, c)
+            for r in range(PATCH):  # (Bᵀ d) B, row by row, into row q of the 36 matrices
+                _six_to_six(d, cells + r * PATCH * c, c, v, (r * PATCH * rows + q) * c, rows * c, c)
+
+    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
+    def _six_to_four(src, s0, stride, dst, d0, dstride, n):
+        """dst rows d0 + i * dstride = (Aᵀ m)_i for the six rows src s0 + j * stride."""
+        m0, m1, m2 = _at(src, s0, n), _at(src, s0 + stride, n), _at(src, s0 + 2 * stride, n)
+        m3, m4, m5 = _at(src, s0 + 3 * stride, n), _at(src, s0 + 4 * stride, n), _at(src, s0 + 5 * stride, n)
+        o = _at(dst, d0, n)
+        for k in range(n):
+            o[k] = m0[k] + m1[k] + m2[k] + m3[k] + m4[k]
+        o = _at(dst, d0 + dstride, n)
+        for k in range(n):
+            o[k] = m1[k] - m2[k] + 2.0 * (m3[k] - m4[k])
+        o = _at(dst, d0 + 2 * dstride, n)
+        for k in range(n):
+            o[k] = m1[k] + m2[k] + 4.0 * (m3[k] + m4[k])
+        o = _at(dst, d0 + 3 * dstride, n)
+        for k in range(n):
+            o[k] = m1[k] - m2[k] + 8.0 * (m3[k] - m4[k]) + m5[k]
+
+    @jit.njit(cache=True, nogil=True)
+    def _tiles_out(m, y, bias, d, t0, t1, rows, o, oh, ow, th, tw, lo, hi):
+        """Result tiles t0..t1 of NHWC y from M[e, q, :] (addresses all), the bias added and
+        clamped to [lo, hi]: d is scratch for 24 x o floats (Aᵀ m)."""
+        per_image = th * tw
+        for t in range(t0, t1):
+            q = t - t0
+            img, rest = t // per_image, t % per_image
+            y0, x0 = (rest // tw) * TILE, (rest % tw) * TILE
+            for s in range(PATCH):  # Aᵀ m, column by column
+                _six_to_four(m, (s * rows + q) * o, PATCH * rows * o, d, s * o, PATCH * o, o)
+            cols = min(TILE, ow - x0)
+            for p in range(min(TILE, oh - y0)):  # (Aᵀ m) A, row by row, into the image
+                _row_out(d, p * PATCH * o, o, y, ((img * oh + y0 + p) * ow + x0) * o, cols, bias, lo, hi)
+
+    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
+    def _row_out(src, s0, o, y, at, cols, bias, lo, hi):
+        """A result row's `cols` pixels at y's `at`: ((Aᵀ m) A) + bias, clamped to [lo, hi]."""
+        m0, m1, m2 = _at(src, s0, o), _at(src, s0 + o, o), _at(src, s0 + 2 * o, o)
+        m3, m4, m5 = _at(src, s0 + 3 * o, o), _at(src, s0 + 4 * o, o), _at(src, s0 + 5 * o, o)
+        b = _at(bias, 0, o)
+        out = _at(y, at, o)
+        for k in range(o):
+            out[k] = min(max(m0[k] + m1[k] + m2[k] + m3[k] + m4[k] + b[k], lo), hi)
+        if cols > 1:
+            out = _at(y, at + o, o)
+            for k in range(o):
+                out[k] = min(max(m1[k] - m2[k] + 2.0 * (m3[k] - m4[k]) + b[k], lo), hi)
+        if cols > 2:
+            out = _at(y, at + 2 * o, o)
+            for k in range(o):
+                out[k] = min(max(m1[k] + m2[k] + 4.0 * (m3[k] + m4[k]) + b[k], lo), hi)
+        if cols > 3:
+            out = _at(y, at + 3 * o, o)
+            for k in range(o):
+                out[k] = min(max(m1[k] - m2[k] + 8.0 * (m3[k] - m4[k]) + m5[k] + b[k], lo), hi)
+
+    def _member(data):  # compiled into a C callable by jit.entry_address
+        head = carray(jit.int64s_at(data), (_HEAD,))
+        team, me = jit.c_call0(head[_NUM_THREADS]), jit.c_call0(head[_THREAD_NUM])
+        omp.apart(head[_PLACE], me)
+        n, h, wd, c, o = head[_N], head[_H], head[_W], head[_C], head[_O]
+        oh, ow = head[_OH], head[_OW]
+        th, tw = (oh + TILE - 1) // TILE, (ow + TILE - 1) // TILE
+        tiles, per_block = head[_TILES], head[_BLOCK_TILES]
+        bounds = carray(jit.float32s_at(head[_BIAS] + o * 4), (2,))
+        lo, hi = bounds[0], bounds[1]
+        mine = carray(jit.int64s_at(head[_TABLE] + me * _ROW * 8), (_ROW,))
+        blocks = (tiles + per_block - 1) // per_block
+        for b in range(me, blocks, team):
+            t0 = b * per_block
+            t1 = min(t0 + per_block, tiles)
+            rows = per_block if t1 - t0 == per_block else t1 - t0
+            at = _FULL if rows == per_block else _LAST
+            _patches_in(head[_SRC], mine[_V], mine[_SCRATCH], t0, t1, rows, h, wd, c, th, tw, head[_PAD_TOP], head[_PAD_LEFT])
+            jit.c_call4(head[_EXECUTE], mine[at], mine[_STREAM], mine[at + 1], mine[at + 2])
+            jit.c_call1(head[_WAIT], mine[_STREAM])
+            _tiles_out(mine[_M], head[_DST], head[_BIAS], mine[_SCRATCH], t0, t1, rows, o, oh, ow, th, tw, lo, hi)
+
+
+BIG = float(np.finfo(np.float32).max)  # "no bound": finite, as fast-math code may assume no infinities
+CLAMPS = {"": (-BIG, BIG), "eltwise_relu": (0.0, BIG)}  # activations as clamps; clip's come from its bounds
+
+
+def clamp_of(activation: Eltwise | None) -> tuple[float, float] | None:
+    """The activation as a clamp to [lo, hi], or None where it is not one (a leaky ReLU, swish)."""
+    kind, alpha, beta = activation if activation is not None else ("", 0.0, 0.0)
+    if kind in ("eltwise_clip", "eltwise_clip_v2"):
+        return (alpha, beta)
+    if kind == "eltwise_relu" and alpha != 0.0:
+        return None
+    return CLAMPS.get(kind)
+
+
+def applies(w: np.ndarray, group: int, strides: list[int], dil: list[int], activation: Eltwise | None,
+            residual: bool) -> bool:
+    """Whether a convolution has Winograd's form here: float32 3x3, stride and dilation 1, one
+    group, MIN_CHANNELS inputs or more, channels in whole LANES, no residual sum, and an
+    activation that is a clamp."""
+    o, c, kh, kw = w.shape
+    return (AVAILABLE and w.dtype == np.float32 and (kh, kw) == (3, 3) and group == 1 and list(strides) == [1, 1]
+            and list(dil) == [1, 1] and c >= MIN_CHANNELS and c % LANES == 0 and o % LANES == 0 and not residual
+            and clamp_of(activation) is not None)
+
+
+class WinogradConv:
+    """One convolution's Winograd form: its transformed weights as a batched matmul, and its bias
+    with the clamp's bounds (see the module's docstring)."""
+
+    def __init__(self, w: np.ndarray, bias: np.ndarray | None, activation: Eltwise | None, name: str) -> None:
+        clamp = clamp_of(activation)
+        if clamp is None:
+            raise ValueError(f"Conv {name}: activation {activation} is not a clamp; Winograd's form takes ReLU, clip or none")
+        self.o, self.c = w.shape[:2]
+        self.name = name
+        self.matmul = onednn.BatchedMatmul(transformed_weights(w), name=f"{name}/winograd")
+        consts = np.zeros(self.o + 2, np.float32)
+        if bias is not None:
+            consts[:self.o] = bias
+        consts[self.o:] = clamp
+        self.consts = consts
+
+    def call(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int) -> KernelCall:
+        """The chain's call for NHWC inputs of `x_shape`, writing (n, oh, ow, o)."""
+        n, h, wd, c = x_shape
+        if c != self.c:
+            raise ValueError(f"Conv {self.name}: input has {c} channels, weights expect {self.c}")
+        tiles = tiles_of(n, oh, ow)
+        per_block = block_tiles(self.c, self.o, tiles, omp.TEAM)
+        last = tiles % per_block
+        sizes = [per_block] + ([last] if last else [])
+
+        def block() -> tuple[np.ndarray, Any]:
+            made = [self.matmul.primitive_for(rows) for rows in sizes]
+            members = omp.TEAM
+            table = np.zeros((members, _ROW), np.int64)
+            kept: list[Any] = [table, self.consts, made]
+            for row in table:
+                v = aligned(PATCH * PATCH * per_block * self.c * 4)
+                m = aligned(PATCH * PATCH * per_block * self.o * 4)
+                scratch = aligned(2 * PATCH * PATCH * max(self.c, self.o) * 4)
+                stream = onednn.Stream()
+                kept += [v, m, scratch, stream]
+                row[_STREAM], row[_V], row[_M], row[_SCRATCH] = stream.handle.value or 0, v.ctypes.data, m.ctypes.data, scratch.ctypes.data
+                for at, (prim, consts, _) in zip((_FULL, _LAST), made):
+                    pad = aligned(prim.scratch_bytes) if prim.scratch_bytes else None
+                    args = onednn.Arguments(prim, [v.ctypes.data, m.ctypes.data, *consts], pad, stream)
+                    kept += [pad, args]
+                    row[at:at + 3] = [prim.handle.value or 0, len(args.packed), ctypes.addressof(args.packed)]
+            head = np.zeros(_HEAD, np.int64)
+            head[_NUM_THREADS:_WAIT + 1] = [omp.NUM_THREADS, omp.THREAD_NUM, omp.PLACE, onednn.C_FUNCTIONS[1], onednn.C_FUNCTIONS[2]]
+            head[_N:_BLOCK_TILES + 1] = [n, h, wd, c, self.o, oh, ow, pad_top, pad_left, tiles, per_block]
+            head[_BIAS], head[_TABLE] = self.consts.ctypes.data, table.ctypes.data
+            return head, kept
+
+        return KernelCall(jit.entry_address(_member), block, _SRC, _DST, (n, oh, ow, self.o), team=True)
+
+
+    def site(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int) -> "WinogradSite":
+        """This convolution for NHWC inputs of one shape: what a kernel keeps per shape it sees."""
+        return WinogradSite(self, x_shape, self.call(x_shape, oh, ow, pad_top, pad_left))
+
+
+class WinogradSite:
+    """A WinogradConv bound to one input shape: `kernel` is what a chain calls; called alone it
+    runs as a chain of that one call (the team or one thread, whichever is faster lately)."""
+
+    def __init__(self, conv: WinogradConv, x_shape: tuple[int, ...], kernel: KernelCall) -> None:
+        self.kernel, self.shape, self.x_shape, self.name = kernel, kernel.shape, tuple(x_shape), conv.name
+        self._chain = in_line([kernel], self.x_shape, kernel.shape, self._other_input, conv.name)
+
+    def _other_input(self, x: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise ValueError(f"Conv {self.name}: bound to float32 inputs of shape {list(self.x_shape)}, got {x.dtype}{list(x.shape)}")
+
+    def __call__(self, x: np.ndarray, residual: None = None, overwrite_residual: bool = False) -> np.ndarray:
+        return self._chain(x)[0]
+
+
+def worth(x_shape: tuple[int, ...], oh: int, ow: int) -> bool:
+    """Whether Winograd's form gains on inputs of this shape: NHWC, with MIN_TILES tiles or more."""
+    return ENABLED and len(x_shape) == 4 and tiles_of(x_shape[0], oh, ow) >= MIN_TILES
+
+
+AVAILABLE = jit.AVAILABLE and onednn.AVAILABLE and omp.PARALLEL != 0
+ENABLED = AVAILABLE and winograd_enabled(os.environ)
