@@ -44,6 +44,7 @@ MIN_BLOCK_TILES, MAX_BLOCK_TILES = 16, 128
 # per tile grows with the channels, the products' with their square.
 MIN_TILES = 32
 MIN_CHANNELS = 64
+MAX_CHANNELS = 1024  # input and output channels: the transforms' stack arrays hold 36 rows of this many
 
 _BT = np.array([[4, 0, -5, 0, 1, 0],
                 [0, -4, -4, 1, 1, 0],
@@ -116,20 +117,48 @@ def winograd_enabled(env: Mapping[str, str]) -> bool:
 
 # The block a chain hands the team: source and destination (written per call), the addresses
 # members call, the geometry, the bias followed by the clamp's bounds, and the members' table.
-# A member's row: its stream, its V, M and transform scratch, then per matmul (full block, last
-# block): primitive, argument count, packed arguments.
+# A member's row: its stream, its V and M, then per matmul (full block, last block): primitive,
+# argument count, packed arguments.
 (_SRC, _DST, _NUM_THREADS, _THREAD_NUM, _PLACE, _EXECUTE, _WAIT, _N, _H, _W, _C, _O, _OH, _OW, _PAD_TOP, _PAD_LEFT,
  _TILES, _BLOCK_TILES, _BIAS, _TABLE, _HEAD) = range(21)
-_STREAM, _V, _M, _SCRATCH, _FULL, _LAST = 0, 1, 2, 3, 4, 7
-_ROW = 10
+_STREAM, _V, _M, _FULL, _LAST = 0, 1, 2, 3, 6
+_ROW = 9
 
 
 if jit.AVAILABLE:
-    from numba import carray
+    from llvmlite import ir
+    from numba import carray, types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+    from numba.np.arrayobj import make_array, populate_array
 
-    # Every inner loop runs along the channels over views made from addresses, and stores one
-    # stream: an offset index gets numba's wraparound select, and stores beside several loads of
-    # unknown aliasing need more run-time overlap checks than LLVM makes before it vectorizes.
+    @intrinsic
+    def _stack_rows(typingctx: Any, count: Any) -> Any:
+        """A (count, MAX_CHANNELS) float32 array on the caller's stack (count a literal). Its
+        memory is known to alias nothing else, so a loop that reads x (or writes V) and writes
+        (or reads) it needs no run-time overlap check to vectorize."""
+        if not isinstance(count, types.IntegerLiteral):
+            return None
+        rows = count.literal_value
+        array_type = types.Array(types.float32, 2, "C")
+
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            f32 = ir.FloatType()
+            intp = context.get_value_type(types.intp)
+            # an alloca of n floats, not of an [n x float]: LLVM then never tries to split it up
+            data = cgutils.alloca_once(builder, f32, size=ir.Constant(intp, rows * MAX_CHANNELS))
+            data.align = 64
+            cells = make_array(array_type)(context, builder)
+            populate_array(cells, data=data, shape=[ir.Constant(intp, rows), ir.Constant(intp, MAX_CHANNELS)],
+                           strides=[ir.Constant(intp, 4 * MAX_CHANNELS), ir.Constant(intp, 4)],
+                           itemsize=ir.Constant(intp, 4), meminfo=None)
+            return cells._getvalue()
+
+        return array_type(count), codegen
+
+    # Inner loops run along the channels; x, V, M and y are read and written through views made
+    # from addresses (an offset index gets numba's wraparound select, which keeps a loop from
+    # vectorizing), the transform's middle step through stack arrays.
 
     @jit.njit(cache=True, nogil=True, inline="always")
     def _at(base, index, n):
@@ -137,115 +166,109 @@ if jit.AVAILABLE:
         return carray(jit.float32s_at(base + index * 4), (n,))
 
     @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
-    def _six_to_six(src, s0, stride, dst, d0, dstride, n):
-        """dst rows d0 + i * dstride = (Bᵀ u)_i for the six rows src s0 + j * stride, n floats each."""
-        u0, u1, u2 = _at(src, s0, n), _at(src, s0 + stride, n), _at(src, s0 + 2 * stride, n)
-        u3, u4, u5 = _at(src, s0 + 3 * stride, n), _at(src, s0 + 4 * stride, n), _at(src, s0 + 5 * stride, n)
-        o = _at(dst, d0, n)
-        for k in range(n):
-            o[k] = 4.0 * u0[k] - 5.0 * u2[k] + u4[k]
-        o = _at(dst, d0 + dstride, n)
-        for k in range(n):
-            o[k] = -4.0 * (u1[k] + u2[k]) + u3[k] + u4[k]
-        o = _at(dst, d0 + 2 * dstride, n)
-        for k in range(n):
-            o[k] = 4.0 * (u1[k] - u2[k]) - u3[k] + u4[k]
-        o = _at(dst, d0 + 3 * dstride, n)
-        for k in range(n):
-            o[k] = 2.0 * (u3[k] - u1[k]) - u2[k] + u4[k]
-        o = _at(dst, d0 + 4 * dstride, n)
-        for k in range(n):
-            o[k] = 2.0 * (u1[k] - u3[k]) - u2[k] + u4[k]
-        o = _at(dst, d0 + 5 * dstride, n)
-        for k in range(n):
-            o[k] = 4.0 * u1[k] - 5.0 * u3[k] + u5[k]
+    def _bt(u0, u1, u2, u3, u4, u5, o, first, k):
+        """Bᵀ u at channel k into rows first..first + 5 of the stack array o."""
+        o[first, k] = 4.0 * u0 - 5.0 * u2 + u4
+        o[first + 1, k] = -4.0 * (u1 + u2) + u3 + u4
+        o[first + 2, k] = 4.0 * (u1 - u2) - u3 + u4
+        o[first + 3, k] = 2.0 * (u3 - u1) - u2 + u4
+        o[first + 4, k] = 2.0 * (u1 - u3) - u2 + u4
+        o[first + 5, k] = 4.0 * u1 - 5.0 * u3 + u5
 
-    @jit.njit(cache=True, nogil=True)
-    def _patches_in(x, v, d, t0, t1, rows, h, wd, c, th, tw, pad_top, pad_left):
-        """V[e, q, :] for the tiles t0..t1 (q = t - t0) of NHWC x (addresses all): d is scratch
-        for 2 x 36 x c floats, the patch (zero outside the image), then Bᵀ d."""
+    @jit.njit(cache=True, nogil=True, fastmath=True)
+    def _patches_in(x, v, t0, t1, rows, h, wd, c, th, tw, pad_top, pad_left):
+        """V[e, q, :] for the tiles t0..t1 (q = t - t0) of NHWC x (addresses both): Bᵀ d B, with
+        d the tile's 6x6 input patch, zero outside the image."""
         per_image = th * tw
-        cells = PATCH * PATCH * c
+        cols = _stack_rows(36)  # Bᵀ d: row s * 6 + i holds (Bᵀ d)[i, s]
+        patch = _stack_rows(6)  # a column of the patch, at an edge
+        step = rows * c
         for t in range(t0, t1):
             q = t - t0
             img, rest = t // per_image, t % per_image
             y0, x0 = (rest // tw) * TILE - pad_top, (rest % tw) * TILE - pad_left
-            if 0 <= y0 and y0 + PATCH <= h and 0 <= x0 and x0 + PATCH <= wd:  # inside the image: Bᵀ d straight from x
-                corner = ((img * h + y0) * wd + x0) * c
-                for s in range(PATCH):
-                    _six_to_six(x, corner + s * c, wd * c, d, cells + s * c, PATCH * c, c)
-            else:  # at an edge: the patch first, zero outside the image
-                for r in range(PATCH):
-                    yy = y0 + r
-                    for s in range(PATCH):
-                        xx = x0 + s
-                        cell = _at(d, (r * PATCH + s) * c, c)
+            inside = 0 <= y0 and y0 + PATCH <= h and 0 <= x0 and x0 + PATCH <= wd
+            for s in range(PATCH):  # Bᵀ d, column by column
+                xx = x0 + s
+                if inside:
+                    at = ((img * h + y0) * wd + xx) * c
+                    r0, r1, r2 = _at(x, at, c), _at(x, at + wd * c, c), _at(x, at + 2 * wd * c, c)
+                    r3, r4, r5 = _at(x, at + 3 * wd * c, c), _at(x, at + 4 * wd * c, c), _at(x, at + 5 * wd * c, c)
+                    for k in range(c):
+                        _bt(r0[k], r1[k], r2[k], r3[k], r4[k], r5[k], cols, s * PATCH, k)
+                else:  # at an edge: rows or the column outside the image read as zero
+                    for r in range(PATCH):
+                        yy = y0 + r
                         if 0 <= yy < h and 0 <= xx < wd:
                             src = _at(x, ((img * h + yy) * wd + xx) * c, c)
                             for k in range(c):
-                                cell[k] = src[k]
+                                patch[r, k] = src[k]
                         else:
                             for k in range(c):
-                                cell[k] = 0.0
-                for s in range(PATCH):  # Bᵀ d, column by column
-                    _six_to_six(d, s * c, PATCH * c, d, cells + s * c, PATCH * c, c)
-            for r in range(PATCH):  # (Bᵀ d) B, row by row, into row q of the 36 matrices
-                _six_to_six(d, cells + r * PATCH * c, c, v, (r * PATCH * rows + q) * c, rows * c, c)
+                                patch[r, k] = 0.0
+                    for k in range(c):
+                        _bt(patch[0, k], patch[1, k], patch[2, k], patch[3, k], patch[4, k], patch[5, k], cols, s * PATCH, k)
+            for i in range(PATCH):  # (Bᵀ d) B, row by row, into row q of the 36 matrices
+                o0, o1, o2 = _at(v, (i * PATCH * rows + q) * c, c), _at(v, (i * PATCH * rows + q) * c + step, c), _at(v, (i * PATCH * rows + q) * c + 2 * step, c)
+                o3, o4, o5 = _at(v, (i * PATCH * rows + q) * c + 3 * step, c), _at(v, (i * PATCH * rows + q) * c + 4 * step, c), _at(v, (i * PATCH * rows + q) * c + 5 * step, c)
+                for k in range(c):
+                    u0, u1, u2 = cols[0 * PATCH + i, k], cols[1 * PATCH + i, k], cols[2 * PATCH + i, k]
+                    u3, u4, u5 = cols[3 * PATCH + i, k], cols[4 * PATCH + i, k], cols[5 * PATCH + i, k]
+                    o0[k] = 4.0 * u0 - 5.0 * u2 + u4
+                    o1[k] = -4.0 * (u1 + u2) + u3 + u4
+                    o2[k] = 4.0 * (u1 - u2) - u3 + u4
+                    o3[k] = 2.0 * (u3 - u1) - u2 + u4
+                    o4[k] = 2.0 * (u1 - u3) - u2 + u4
+                    o5[k] = 4.0 * u1 - 5.0 * u3 + u5
 
-    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
-    def _six_to_four(src, s0, stride, dst, d0, dstride, n):
-        """dst rows d0 + i * dstride = (Aᵀ m)_i for the six rows src s0 + j * stride."""
-        m0, m1, m2 = _at(src, s0, n), _at(src, s0 + stride, n), _at(src, s0 + 2 * stride, n)
-        m3, m4, m5 = _at(src, s0 + 3 * stride, n), _at(src, s0 + 4 * stride, n), _at(src, s0 + 5 * stride, n)
-        o = _at(dst, d0, n)
-        for k in range(n):
-            o[k] = m0[k] + m1[k] + m2[k] + m3[k] + m4[k]
-        o = _at(dst, d0 + dstride, n)
-        for k in range(n):
-            o[k] = m1[k] - m2[k] + 2.0 * (m3[k] - m4[k])
-        o = _at(dst, d0 + 2 * dstride, n)
-        for k in range(n):
-            o[k] = m1[k] + m2[k] + 4.0 * (m3[k] + m4[k])
-        o = _at(dst, d0 + 3 * dstride, n)
-        for k in range(n):
-            o[k] = m1[k] - m2[k] + 8.0 * (m3[k] - m4[k]) + m5[k]
-
-    @jit.njit(cache=True, nogil=True)
-    def _tiles_out(m, y, bias, d, t0, t1, rows, o, oh, ow, th, tw, lo, hi):
-        """Result tiles t0..t1 of NHWC y from M[e, q, :] (addresses all), the bias added and
-        clamped to [lo, hi]: d is scratch for 24 x o floats (Aᵀ m)."""
+    @jit.njit(cache=True, nogil=True, fastmath=True)
+    def _tiles_out(m, y, bias, t0, t1, rows, o, oh, ow, th, tw, lo, hi):
+        """Result tiles t0..t1 of NHWC y from M[e, q, :] (addresses all): Aᵀ m A, the bias added
+        and clamped to [lo, hi]."""
         per_image = th * tw
+        cols = _stack_rows(24)  # Aᵀ m: row p * 6 + s holds (Aᵀ m)[p, s]
+        step = PATCH * rows * o
+        b = _at(bias, 0, o)
         for t in range(t0, t1):
             q = t - t0
             img, rest = t // per_image, t % per_image
             y0, x0 = (rest // tw) * TILE, (rest % tw) * TILE
             for s in range(PATCH):  # Aᵀ m, column by column
-                _six_to_four(m, (s * rows + q) * o, PATCH * rows * o, d, s * o, PATCH * o, o)
-            cols = min(TILE, ow - x0)
+                at = (s * rows + q) * o
+                m0, m1, m2 = _at(m, at, o), _at(m, at + step, o), _at(m, at + 2 * step, o)
+                m3, m4, m5 = _at(m, at + 3 * step, o), _at(m, at + 4 * step, o), _at(m, at + 5 * step, o)
+                for k in range(o):
+                    a, d = m1[k] + m2[k], m1[k] - m2[k]
+                    e, f = m3[k] + m4[k], m3[k] - m4[k]
+                    cols[s, k] = m0[k] + a + e
+                    cols[PATCH + s, k] = d + 2.0 * f
+                    cols[2 * PATCH + s, k] = a + 4.0 * e
+                    cols[3 * PATCH + s, k] = d + 8.0 * f + m5[k]
+            width = min(TILE, ow - x0)
             for p in range(min(TILE, oh - y0)):  # (Aᵀ m) A, row by row, into the image
-                _row_out(d, p * PATCH * o, o, y, ((img * oh + y0 + p) * ow + x0) * o, cols, bias, lo, hi)
-
-    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
-    def _row_out(src, s0, o, y, at, cols, bias, lo, hi):
-        """A result row's `cols` pixels at y's `at`: ((Aᵀ m) A) + bias, clamped to [lo, hi]."""
-        m0, m1, m2 = _at(src, s0, o), _at(src, s0 + o, o), _at(src, s0 + 2 * o, o)
-        m3, m4, m5 = _at(src, s0 + 3 * o, o), _at(src, s0 + 4 * o, o), _at(src, s0 + 5 * o, o)
-        b = _at(bias, 0, o)
-        out = _at(y, at, o)
-        for k in range(o):
-            out[k] = min(max(m0[k] + m1[k] + m2[k] + m3[k] + m4[k] + b[k], lo), hi)
-        if cols > 1:
-            out = _at(y, at + o, o)
-            for k in range(o):
-                out[k] = min(max(m1[k] - m2[k] + 2.0 * (m3[k] - m4[k]) + b[k], lo), hi)
-        if cols > 2:
-            out = _at(y, at + 2 * o, o)
-            for k in range(o):
-                out[k] = min(max(m1[k] + m2[k] + 4.0 * (m3[k] + m4[k]) + b[k], lo), hi)
-        if cols > 3:
-            out = _at(y, at + 3 * o, o)
-            for k in range(o):
-                out[k] = min(max(m1[k] - m2[k] + 8.0 * (m3[k] - m4[k]) + m5[k] + b[k], lo), hi)
+                at = ((img * oh + y0 + p) * ow + x0) * o
+                if width == TILE:
+                    y0_, y1_, y2_, y3_ = _at(y, at, o), _at(y, at + o, o), _at(y, at + 2 * o, o), _at(y, at + 3 * o, o)
+                    for k in range(o):
+                        u0, u1, u2 = cols[p * PATCH, k], cols[p * PATCH + 1, k], cols[p * PATCH + 2, k]
+                        u3, u4, u5 = cols[p * PATCH + 3, k], cols[p * PATCH + 4, k], cols[p * PATCH + 5, k]
+                        a, d = u1 + u2, u1 - u2
+                        e, f = u3 + u4, u3 - u4
+                        bk = b[k]
+                        y0_[k] = min(max(u0 + a + e + bk, lo), hi)
+                        y1_[k] = min(max(d + 2.0 * f + bk, lo), hi)
+                        y2_[k] = min(max(a + 4.0 * e + bk, lo), hi)
+                        y3_[k] = min(max(d + 8.0 * f + u5 + bk, lo), hi)
+                else:  # at the right edge: the (at most three) pixels inside the image
+                    for j in range(width):
+                        out = _at(y, at + j * o, o)
+                        for k in range(o):
+                            u0, u1, u2 = cols[p * PATCH, k], cols[p * PATCH + 1, k], cols[p * PATCH + 2, k]
+                            u3, u4, u5 = cols[p * PATCH + 3, k], cols[p * PATCH + 4, k], cols[p * PATCH + 5, k]
+                            a, d = u1 + u2, u1 - u2
+                            e, f = u3 + u4, u3 - u4
+                            r = u0 + a + e if j == 0 else d + 2.0 * f if j == 1 else a + 4.0 * e
+                            out[k] = min(max(r + b[k], lo), hi)
 
     def _member(data):  # compiled into a C callable by jit.entry_address
         head = carray(jit.int64s_at(data), (_HEAD,))
@@ -264,10 +287,10 @@ if jit.AVAILABLE:
             t1 = min(t0 + per_block, tiles)
             rows = per_block if t1 - t0 == per_block else t1 - t0
             at = _FULL if rows == per_block else _LAST
-            _patches_in(head[_SRC], mine[_V], mine[_SCRATCH], t0, t1, rows, h, wd, c, th, tw, head[_PAD_TOP], head[_PAD_LEFT])
+            _patches_in(head[_SRC], mine[_V], t0, t1, rows, h, wd, c, th, tw, head[_PAD_TOP], head[_PAD_LEFT])
             jit.c_call4(head[_EXECUTE], mine[at], mine[_STREAM], mine[at + 1], mine[at + 2])
             jit.c_call1(head[_WAIT], mine[_STREAM])
-            _tiles_out(mine[_M], head[_DST], head[_BIAS], mine[_SCRATCH], t0, t1, rows, o, oh, ow, th, tw, lo, hi)
+            _tiles_out(mine[_M], head[_DST], head[_BIAS], t0, t1, rows, o, oh, ow, th, tw, lo, hi)
 
 
 BIG = float(np.finfo(np.float32).max)  # "no bound": finite, as fast-math code may assume no infinities
@@ -291,7 +314,7 @@ def applies(w: np.ndarray, group: int, strides: list[int], dil: list[int], activ
     activation that is a clamp."""
     o, c, kh, kw = w.shape
     return (AVAILABLE and w.dtype == np.float32 and (kh, kw) == (3, 3) and group == 1 and list(strides) == [1, 1]
-            and list(dil) == [1, 1] and c >= MIN_CHANNELS and c % LANES == 0 and o % LANES == 0 and not residual
+            and list(dil) == [1, 1] and MIN_CHANNELS <= c <= MAX_CHANNELS and o <= MAX_CHANNELS and c % LANES == 0 and o % LANES == 0 and not residual
             and clamp_of(activation) is not None)
 
 
@@ -330,10 +353,9 @@ class WinogradConv:
             for row in table:
                 v = aligned(PATCH * PATCH * per_block * self.c * 4)
                 m = aligned(PATCH * PATCH * per_block * self.o * 4)
-                scratch = aligned(2 * PATCH * PATCH * max(self.c, self.o) * 4)
                 stream = onednn.Stream()
-                kept += [v, m, scratch, stream]
-                row[_STREAM], row[_V], row[_M], row[_SCRATCH] = stream.handle.value or 0, v.ctypes.data, m.ctypes.data, scratch.ctypes.data
+                kept += [v, m, stream]
+                row[_STREAM], row[_V], row[_M] = stream.handle.value or 0, v.ctypes.data, m.ctypes.data
                 for at, (prim, consts, _) in zip((_FULL, _LAST), made):
                     pad = aligned(prim.scratch_bytes) if prim.scratch_bytes else None
                     args = onednn.Arguments(prim, [v.ctypes.data, m.ctypes.data, *consts], pad, stream)
