@@ -20,6 +20,7 @@ float32 stays within the host tolerance the numerics tests hold every layer to.
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import Any, Mapping
 
@@ -44,7 +45,7 @@ MIN_BLOCK_TILES, MAX_BLOCK_TILES = 16, 128
 # per tile grows with the channels, the products' with their square.
 MIN_TILES = 32
 MIN_CHANNELS = 64
-MAX_CHANNELS = 1024  # input and output channels: the transforms' stack arrays hold 36 rows of this many
+MAX_CHANNELS = 512  # input and output channels: the transforms' stack arrays hold 36 rows of this many (74 KB)
 
 _BT = np.array([[4, 0, -5, 0, 1, 0],
                 [0, -4, -4, 1, 1, 0],
@@ -327,13 +328,18 @@ class WinogradConv:
         if clamp is None:
             raise ValueError(f"Conv {name}: activation {activation} is not a clamp; Winograd's form takes ReLU, clip or none")
         self.o, self.c = w.shape[:2]
-        self.name = name
-        self.matmul = onednn.BatchedMatmul(transformed_weights(w), name=f"{name}/winograd")
+        self.name, self.w = name, w
         consts = np.zeros(self.o + 2, np.float32)
         if bias is not None:
             consts[:self.o] = bias
         consts[self.o:] = clamp
         self.consts = consts
+
+    @functools.cached_property
+    def matmul(self) -> onednn.BatchedMatmul:
+        """The transformed weights' products, made when a shape first takes this form: a layer
+        that never does (too few tiles at its batch) holds no second copy of its weights."""
+        return onednn.BatchedMatmul(transformed_weights(self.w), name=f"{self.name}/winograd")
 
     def call(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int) -> KernelCall:
         """The chain's call for NHWC inputs of `x_shape`, writing (n, oh, ow, o)."""
