@@ -33,7 +33,6 @@ from .primitive_chain import KernelCall, in_line
 
 WINOGRAD_ENV = "KUBETRT_WINOGRAD"
 TILE, PATCH = 4, 6  # results per tile side, input patch side (TILE + 3 - 1)
-LANES = 16  # channels per transform step: a cache line of float32
 # A block's tiles: its V and M scratch (36 x tiles x (C + O) floats) fits about this much of a
 # core's cache, within bounds the batched matmul still runs near its peak at.
 BLOCK_BYTES = 1 << 20
@@ -311,11 +310,11 @@ def clamp_of(activation: Eltwise | None) -> tuple[float, float] | None:
 def applies(w: np.ndarray, group: int, strides: list[int], dil: list[int], activation: Eltwise | None,
             residual: bool) -> bool:
     """Whether a convolution has Winograd's form here: float32 3x3, stride and dilation 1, one
-    group, MIN_CHANNELS inputs or more, channels in whole LANES, no residual sum, and an
-    activation that is a clamp."""
+    group, MIN_CHANNELS to MAX_CHANNELS inputs and at most MAX_CHANNELS outputs, no residual
+    sum, and an activation that is a clamp."""
     o, c, kh, kw = w.shape
     return (AVAILABLE and w.dtype == np.float32 and (kh, kw) == (3, 3) and group == 1 and list(strides) == [1, 1]
-            and list(dil) == [1, 1] and MIN_CHANNELS <= c <= MAX_CHANNELS and o <= MAX_CHANNELS and c % LANES == 0 and o % LANES == 0 and not residual
+            and list(dil) == [1, 1] and MIN_CHANNELS <= c <= MAX_CHANNELS and o <= MAX_CHANNELS and not residual
             and clamp_of(activation) is not None)
 
 
@@ -374,7 +373,6 @@ class WinogradConv:
             return head, kept
 
         return KernelCall(jit.entry_address(_member), block, _SRC, _DST, (n, oh, ow, self.o), team=True)
-
 
     def site(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int) -> "WinogradSite":
         """This convolution for NHWC inputs of one shape: what a kernel keeps per shape it sees."""

@@ -54,6 +54,7 @@ CASES = {  # n, h, w, c, o, pads (top, left, bottom, right), activation
     "odd sizes, batch 2": (2, 13, 17, 64, 48, (1, 1, 1, 1), ("eltwise_clip", 0.0, 6.0)),
     "VALID": (1, 12, 12, 64, 32, (0, 0, 0, 0), None),
     "pads on one side": (1, 11, 10, 80, 16, (0, 2, 2, 0), RELU),
+    "channels in no whole vector": (1, 14, 15, 72, 40, (1, 1, 1, 1), RELU),
     "many blocks, a short last one": (3, 26, 26, 64, 64, (1, 1, 1, 1), RELU),
     "two blocks, the last one short": (1, 27, 26, 64, 64, (1, 1, 1, 1), RELU),
 }
