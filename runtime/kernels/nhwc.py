@@ -120,8 +120,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
     jit_epilogue = jit.AVAILABLE and jit_act is not None
     use_jit = depthwise and jit.AVAILABLE and w.dtype == np.float32 and jit_act is not None and not spec.has(3)
     dnnl = onednn.conv_for_node(spec, w, "nhwc")
-    winograd_conv = (winograd.WinogradConv(w, spec.const(2) if spec.has(2) else None, dnnl.activation, spec.name)
-                if dnnl is not None and winograd.applies(w, group, dnnl.strides, dnnl.dil, dnnl.activation, dnnl.residual) else None)
+    winograd_conv = winograd.for_conv(dnnl) if dnnl is not None else None
 
     geometry = geometry_by_input_size(spec, (kh, kw))
 

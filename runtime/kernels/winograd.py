@@ -318,6 +318,13 @@ def applies(w: np.ndarray, group: int, strides: list[int], dil: list[int], activ
             and clamp_of(activation) is not None)
 
 
+def for_conv(conv: onednn.Conv2D) -> "WinogradConv | None":
+    """The Winograd form of a oneDNN convolution (its weights, bias and activation), where it applies."""
+    if conv.quant is not None or not applies(conv.w, conv.group, conv.strides, conv.dil, conv.activation, conv.residual):
+        return None
+    return WinogradConv(conv.w, conv.bias, conv.activation, conv.name)
+
+
 class WinogradConv:
     """One convolution's Winograd form: its transformed weights as a batched matmul, and its bias
     with the clamp's bounds (see the module's docstring)."""
