@@ -423,6 +423,15 @@ if numba is not None:
     def float32s_at(typingctx: Any, addr: Any) -> Any:
         return _types.CPointer(_types.float32)(addr), _pointer_codegen(_ir.FloatType())
 
+    from numba import carray as _carray
+
+    # A view made from an address at an offset, where an offset index would get numba's
+    # wraparound select, which keeps a loop from vectorizing.
+    @njit(cache=True, nogil=True, inline="always")
+    def float32_view(base, index, n):
+        """n float32 from `index` (in floats) of the memory at address `base`."""
+        return _carray(float32s_at(base + index * 4), (n,))
+
 
 @functools.lru_cache(maxsize=None)
 def entry_address(member: Any) -> int:

@@ -75,13 +75,12 @@ if jit.numba is not None:
     from .jit import float32s_at, int64s_at
 
     # The tile's first and last steps touch memory through views made from addresses, starting
-    # at the tile's first column: an offset index gets numba's wraparound select, which keeps a
-    # loop from vectorizing, and a slice costs a bounds normalization per tile.
+    # at the tile's first column (jit.float32_view): a slice costs a bounds normalization per tile.
 
     @jit.njit(cache=True, nogil=True, inline="always")
     def _segment(at, row, n, j0, width):
         """Columns [j0, j0 + width) of one row of a C-contiguous float32 (?, n) array at address `at`."""
-        return carray(float32s_at(at + (row * n + j0) * 4), (width,))
+        return jit.float32_view(at, row * n + j0, width)
 
     # The accumulator tile is only ever indexed by loops of constant length (MR, NR), which LLVM
     # keeps in registers; a partial tile at the edge of the output goes through a second stack

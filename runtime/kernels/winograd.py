@@ -157,23 +157,26 @@ if jit.AVAILABLE:
         return array_type(count), codegen
 
     # Inner loops run along the channels; x, V, M and y are read and written through views made
-    # from addresses (an offset index gets numba's wraparound select, which keeps a loop from
-    # vectorizing), the transform's middle step through stack arrays.
-
-    @jit.njit(cache=True, nogil=True, inline="always")
-    def _at(base, index, n):
-        """n float32 from `index` (in floats) of the memory at address `base`."""
-        return carray(jit.float32s_at(base + index * 4), (n,))
+    # from addresses (jit.float32_view), the transform's middle step through stack arrays.
+    _view = jit.float32_view
 
     @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
-    def _bt(u0, u1, u2, u3, u4, u5, o, first, k):
+    def _b_t(u0, u1, u2, u3, u4, u5):
+        """Bᵀ u for one channel's six values."""
+        return (4.0 * u0 - 5.0 * u2 + u4, -4.0 * (u1 + u2) + u3 + u4, 4.0 * (u1 - u2) - u3 + u4,
+                2.0 * (u3 - u1) - u2 + u4, 2.0 * (u1 - u3) - u2 + u4, 4.0 * u1 - 5.0 * u3 + u5)
+
+    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
+    def _a_t(m0, m1, m2, m3, m4, m5):
+        """Aᵀ m for one channel's six values."""
+        a, d = m1 + m2, m1 - m2
+        e, f = m3 + m4, m3 - m4
+        return (m0 + a + e, d + 2.0 * f, a + 4.0 * e, d + 8.0 * f + m5)
+
+    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
+    def _b_t_into(u0, u1, u2, u3, u4, u5, o, first, k):
         """Bᵀ u at channel k into rows first..first + 5 of the stack array o."""
-        o[first, k] = 4.0 * u0 - 5.0 * u2 + u4
-        o[first + 1, k] = -4.0 * (u1 + u2) + u3 + u4
-        o[first + 2, k] = 4.0 * (u1 - u2) - u3 + u4
-        o[first + 3, k] = 2.0 * (u3 - u1) - u2 + u4
-        o[first + 4, k] = 2.0 * (u1 - u3) - u2 + u4
-        o[first + 5, k] = 4.0 * u1 - 5.0 * u3 + u5
+        o[first, k], o[first + 1, k], o[first + 2, k], o[first + 3, k], o[first + 4, k], o[first + 5, k] = _b_t(u0, u1, u2, u3, u4, u5)
 
     @jit.njit(cache=True, nogil=True, fastmath=True)
     def _patches_in(x, v, t0, t1, rows, h, wd, c, th, tw, pad_top, pad_left):
@@ -191,35 +194,30 @@ if jit.AVAILABLE:
             for s in range(PATCH):  # Bᵀ d, column by column
                 xx = x0 + s
                 if inside:
-                    at = ((img * h + y0) * wd + xx) * c
-                    r0, r1, r2 = _at(x, at, c), _at(x, at + wd * c, c), _at(x, at + 2 * wd * c, c)
-                    r3, r4, r5 = _at(x, at + 3 * wd * c, c), _at(x, at + 4 * wd * c, c), _at(x, at + 5 * wd * c, c)
+                    at, down = ((img * h + y0) * wd + xx) * c, wd * c
+                    r0, r1, r2 = _view(x, at, c), _view(x, at + down, c), _view(x, at + 2 * down, c)
+                    r3, r4, r5 = _view(x, at + 3 * down, c), _view(x, at + 4 * down, c), _view(x, at + 5 * down, c)
                     for k in range(c):
-                        _bt(r0[k], r1[k], r2[k], r3[k], r4[k], r5[k], cols, s * PATCH, k)
+                        _b_t_into(r0[k], r1[k], r2[k], r3[k], r4[k], r5[k], cols, s * PATCH, k)
                 else:  # at an edge: rows or the column outside the image read as zero
                     for r in range(PATCH):
                         yy = y0 + r
                         if 0 <= yy < h and 0 <= xx < wd:
-                            src = _at(x, ((img * h + yy) * wd + xx) * c, c)
+                            src = _view(x, ((img * h + yy) * wd + xx) * c, c)
                             for k in range(c):
                                 patch[r, k] = src[k]
                         else:
                             for k in range(c):
                                 patch[r, k] = 0.0
                     for k in range(c):
-                        _bt(patch[0, k], patch[1, k], patch[2, k], patch[3, k], patch[4, k], patch[5, k], cols, s * PATCH, k)
+                        _b_t_into(patch[0, k], patch[1, k], patch[2, k], patch[3, k], patch[4, k], patch[5, k], cols, s * PATCH, k)
             for i in range(PATCH):  # (Bᵀ d) B, row by row, into row q of the 36 matrices
-                o0, o1, o2 = _at(v, (i * PATCH * rows + q) * c, c), _at(v, (i * PATCH * rows + q) * c + step, c), _at(v, (i * PATCH * rows + q) * c + 2 * step, c)
-                o3, o4, o5 = _at(v, (i * PATCH * rows + q) * c + 3 * step, c), _at(v, (i * PATCH * rows + q) * c + 4 * step, c), _at(v, (i * PATCH * rows + q) * c + 5 * step, c)
+                at = (i * PATCH * rows + q) * c
+                o0, o1, o2 = _view(v, at, c), _view(v, at + step, c), _view(v, at + 2 * step, c)
+                o3, o4, o5 = _view(v, at + 3 * step, c), _view(v, at + 4 * step, c), _view(v, at + 5 * step, c)
                 for k in range(c):
-                    u0, u1, u2 = cols[0 * PATCH + i, k], cols[1 * PATCH + i, k], cols[2 * PATCH + i, k]
-                    u3, u4, u5 = cols[3 * PATCH + i, k], cols[4 * PATCH + i, k], cols[5 * PATCH + i, k]
-                    o0[k] = 4.0 * u0 - 5.0 * u2 + u4
-                    o1[k] = -4.0 * (u1 + u2) + u3 + u4
-                    o2[k] = 4.0 * (u1 - u2) - u3 + u4
-                    o3[k] = 2.0 * (u3 - u1) - u2 + u4
-                    o4[k] = 2.0 * (u1 - u3) - u2 + u4
-                    o5[k] = 4.0 * u1 - 5.0 * u3 + u5
+                    o0[k], o1[k], o2[k], o3[k], o4[k], o5[k] = _b_t(cols[i, k], cols[PATCH + i, k], cols[2 * PATCH + i, k],
+                                                                    cols[3 * PATCH + i, k], cols[4 * PATCH + i, k], cols[5 * PATCH + i, k])
 
     @jit.njit(cache=True, nogil=True, fastmath=True)
     def _tiles_out(m, y, bias, t0, t1, rows, o, oh, ow, th, tw, lo, hi):
@@ -228,47 +226,35 @@ if jit.AVAILABLE:
         per_image = th * tw
         cols = _stack_rows(24)  # Aᵀ m: row p * 6 + s holds (Aᵀ m)[p, s]
         step = PATCH * rows * o
-        b = _at(bias, 0, o)
+        b = _view(bias, 0, o)
         for t in range(t0, t1):
             q = t - t0
             img, rest = t // per_image, t % per_image
             y0, x0 = (rest // tw) * TILE, (rest % tw) * TILE
             for s in range(PATCH):  # Aᵀ m, column by column
                 at = (s * rows + q) * o
-                m0, m1, m2 = _at(m, at, o), _at(m, at + step, o), _at(m, at + 2 * step, o)
-                m3, m4, m5 = _at(m, at + 3 * step, o), _at(m, at + 4 * step, o), _at(m, at + 5 * step, o)
+                m0, m1, m2 = _view(m, at, o), _view(m, at + step, o), _view(m, at + 2 * step, o)
+                m3, m4, m5 = _view(m, at + 3 * step, o), _view(m, at + 4 * step, o), _view(m, at + 5 * step, o)
                 for k in range(o):
-                    a, d = m1[k] + m2[k], m1[k] - m2[k]
-                    e, f = m3[k] + m4[k], m3[k] - m4[k]
-                    cols[s, k] = m0[k] + a + e
-                    cols[PATCH + s, k] = d + 2.0 * f
-                    cols[2 * PATCH + s, k] = a + 4.0 * e
-                    cols[3 * PATCH + s, k] = d + 8.0 * f + m5[k]
+                    cols[s, k], cols[PATCH + s, k], cols[2 * PATCH + s, k], cols[3 * PATCH + s, k] = _a_t(m0[k], m1[k], m2[k], m3[k], m4[k], m5[k])
             width = min(TILE, ow - x0)
             for p in range(min(TILE, oh - y0)):  # (Aᵀ m) A, row by row, into the image
-                at = ((img * oh + y0 + p) * ow + x0) * o
+                at, r = ((img * oh + y0 + p) * ow + x0) * o, p * PATCH
                 if width == TILE:
-                    y0_, y1_, y2_, y3_ = _at(y, at, o), _at(y, at + o, o), _at(y, at + 2 * o, o), _at(y, at + 3 * o, o)
+                    y0_, y1_, y2_, y3_ = _view(y, at, o), _view(y, at + o, o), _view(y, at + 2 * o, o), _view(y, at + 3 * o, o)
                     for k in range(o):
-                        u0, u1, u2 = cols[p * PATCH, k], cols[p * PATCH + 1, k], cols[p * PATCH + 2, k]
-                        u3, u4, u5 = cols[p * PATCH + 3, k], cols[p * PATCH + 4, k], cols[p * PATCH + 5, k]
-                        a, d = u1 + u2, u1 - u2
-                        e, f = u3 + u4, u3 - u4
+                        v0, v1, v2, v3 = _a_t(cols[r, k], cols[r + 1, k], cols[r + 2, k], cols[r + 3, k], cols[r + 4, k], cols[r + 5, k])
                         bk = b[k]
-                        y0_[k] = min(max(u0 + a + e + bk, lo), hi)
-                        y1_[k] = min(max(d + 2.0 * f + bk, lo), hi)
-                        y2_[k] = min(max(a + 4.0 * e + bk, lo), hi)
-                        y3_[k] = min(max(d + 8.0 * f + u5 + bk, lo), hi)
+                        y0_[k] = min(max(v0 + bk, lo), hi)
+                        y1_[k] = min(max(v1 + bk, lo), hi)
+                        y2_[k] = min(max(v2 + bk, lo), hi)
+                        y3_[k] = min(max(v3 + bk, lo), hi)
                 else:  # at the right edge: the (at most three) pixels inside the image
                     for j in range(width):
-                        out = _at(y, at + j * o, o)
+                        out = _view(y, at + j * o, o)
                         for k in range(o):
-                            u0, u1, u2 = cols[p * PATCH, k], cols[p * PATCH + 1, k], cols[p * PATCH + 2, k]
-                            u3, u4, u5 = cols[p * PATCH + 3, k], cols[p * PATCH + 4, k], cols[p * PATCH + 5, k]
-                            a, d = u1 + u2, u1 - u2
-                            e, f = u3 + u4, u3 - u4
-                            r = u0 + a + e if j == 0 else d + 2.0 * f if j == 1 else a + 4.0 * e
-                            out[k] = min(max(r + b[k], lo), hi)
+                            v0, v1, v2, _ = _a_t(cols[r, k], cols[r + 1, k], cols[r + 2, k], cols[r + 3, k], cols[r + 4, k], cols[r + 5, k])
+                            out[k] = min(max((v0 if j == 0 else v1 if j == 1 else v2) + b[k], lo), hi)
 
     def _member(data):  # compiled into a C callable by jit.entry_address
         head = carray(jit.int64s_at(data), (_HEAD,))
@@ -278,7 +264,7 @@ if jit.AVAILABLE:
         oh, ow = head[_OH], head[_OW]
         th, tw = (oh + TILE - 1) // TILE, (ow + TILE - 1) // TILE
         tiles, per_block = head[_TILES], head[_BLOCK_TILES]
-        bounds = carray(jit.float32s_at(head[_BIAS] + o * 4), (2,))
+        bounds = _view(head[_BIAS], o, 2)
         lo, hi = bounds[0], bounds[1]
         mine = carray(jit.int64s_at(head[_TABLE] + me * _ROW * 8), (_ROW,))
         blocks = (tiles + per_block - 1) // per_block
