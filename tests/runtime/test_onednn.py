@@ -241,3 +241,35 @@ def test_convolution_with_the_wrong_channel_count_is_a_clear_error(layout: str, 
     conv = onednn.Conv2D(f32(6, 3, 1, 1), None, 1, [1, 1], [1, 1], None, residual=False, layout=layout, name="c1")
     with pytest.raises(ValueError, match="Conv c1: input has 4 channels, weights expect 3"):
         conv(f32(*shape), 5, 5, [0, 0], [0, 0])
+
+
+DW_KEY = (1, 12, 12, 12, 12, 1, 1, 1, 1, onednn._PLAIN)  # one 12x12 NHWC image, SAME padding
+
+
+def depthwise(w: np.ndarray, b: np.ndarray) -> onednn.Conv2D:
+    return onednn.Conv2D(w, b, w.shape[0], [1, 1], [1, 1], ("eltwise_relu", 0.0, 0.0), False, name="dw")
+
+
+def depthwise_reference(x: np.ndarray, w: np.ndarray, b: np.ndarray) -> np.ndarray:
+    xp = np.pad(x, ((0, 0), (1, 1), (1, 1), (0, 0)))
+    y = sum(xp[:, i:i + 12, j:j + 12] * w[:, 0, i, j] for i in range(3) for j in range(3))
+    return np.maximum(y + b, 0)
+
+
+@needs_onednn
+@pytest.mark.parametrize("offered", [True, False])
+def test_a_float_depthwise_convolution_takes_the_preferred_kernel(offered: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    w, b, x = f32(32, 1, 3, 3) * 0.3, f32(32), f32(1, 12, 12, 32)
+    with monkeypatch.context() as m:
+        m.setattr(onednn, "PREFERRED_OVER", {})
+        first = depthwise(w, b).implementation(DW_KEY)  # oneDNN's own first choice
+    prefix = first.split(":")[0] + ":"
+    wanted = onednn.PREFERRED_OVER.get(prefix)
+    if not offered:  # a preference oneDNN cannot meet leaves its first choice
+        monkeypatch.setattr(onednn, "PREFERRED_OVER", {prefix: "no_such_kernel:"})
+        wanted = None
+    conv = depthwise(w, b)
+    got = conv.bind(x.shape, 12, 12, [1, 1], [1, 1])(x)
+    name = conv.implementation(DW_KEY)
+    assert name.startswith(wanted) if wanted else name == first, (first, name)
+    np.testing.assert_allclose(got, depthwise_reference(x, w, b), rtol=1e-4, atol=1e-4)
