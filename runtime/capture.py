@@ -16,7 +16,7 @@ from typing import Any, Callable, Mapping
 
 import numpy as np
 
-from .kernels import bands, primitive_chain
+from .kernels import bands, gate_fold, primitive_chain
 from .kernels.buffers import whole_lines
 from .kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
 from .program import Program, Step
@@ -236,6 +236,7 @@ def _chain_step(prog: Program, steps: list[Step], links: list[Link | None], run:
         if link.step is not None:
             rows.append(Row(link.step, run.group_of[ins[link.src]].buffer, run.group_of[out].buffer))
     outputs = [(run.group_of[v].buffer, run.shapes[v]) for v in escaping]
+    rows, buffers, arena_bytes = gate_fold.fold(rows, buffers, [b for b, _ in outputs], arena_bytes)
     members = [steps[k] for k in run.members]
     names = [prog.kernels[kid].name for _, _, _, _, kid in members]
     chain = PrimitiveChain(rows, buffers, outputs, arena_bytes, _fallback(prog, members, run.inputs, escaping),

@@ -120,7 +120,7 @@ class _Layer:
 
 def _layer(row: Row) -> _Layer | None:
     step = row.step
-    if not isinstance(step, onednn.Site):
+    if not isinstance(step, onednn.Site) or row.weights is not None:  # a band binds constant weights
         return None
     rows = step.rows()
     return None if rows is None or rows.activation not in PIECEWISE_LINEAR else _Layer(step, rows)

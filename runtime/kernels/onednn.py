@@ -208,6 +208,7 @@ class _Library:
         self.dtypes = {np.dtype(t): _enum("dt", n) for t, n in ((np.float32, "f32"), (np.int8, "s8"), (np.uint8, "u8"))}
         self.tag_any, self.tag_a, self.tag_ab, self.tag_ba = (_enum("fmt_tag", t) for t in ("any", "a", "ab", "ba"))
         self.tag_abcd, self.tag_acdb, self.tag_abcde = _enum("fmt_tag", "abcd"), _enum("fmt_tag", "acdb"), _enum("fmt_tag", "abcde")
+        self.tag_cdba = _enum("fmt_tag", "cdba")  # OIHW dims stored HWIO: a 1x1 convolution's weights as a (C, O) matrix
         self.tag_blocked = _enum("fmt_tag", f"aBcd{BLOCK}b")  # NCHW with channels in blocks of BLOCK innermost
         self.inference = _enum("prop_kind", "forward_inference")
         self.conv_direct = _enum("alg_kind", "convolution_direct")
@@ -668,14 +669,19 @@ class Conv2D(_FusedOp):
 
     def __init__(self, w: np.ndarray, bias: np.ndarray | None, group: int, strides: list[int], dil: list[int],
                  activation: Eltwise | None, residual: bool, layout: str = "nhwc", name: str = "conv",
-                 quant: Quantized | None = None) -> None:
+                 quant: Quantized | None = None, hwio_weights: bool = False) -> None:
+        """hwio_weights: the primitives read weights stored HWIO (cdba) rather than in a layout of
+        oneDNN's choosing, for a caller that writes them per call (gate_fold.py)."""
         st = _library()
         o, cg, kh, kw = w.shape
         dims, tag = ((o, cg, kh, kw), st.tag_abcd) if group == 1 else ((group, o // group, cg, kh, kw), st.tag_abcde)
+        if hwio_weights and group != 1:
+            raise ValueError(f"Conv {name}: HWIO weights are for ungrouped convolutions, got {group} groups")
         self.w_scale_mask = 1 if group == 1 else 3  # (O, ...) or (G, O/G, ...)
         super().__init__(w, dims, tag, bias, activation, residual, name, quant)
         self.nhwc = layout == "nhwc"
         self.group, self.strides, self.dil = group, list(strides), list(dil)
+        self.weights_tag = st.tag_cdba if hwio_weights else st.tag_any
 
     def _descriptor(self, key: tuple[int, ...], attr: ctypes.c_void_p) -> ctypes.c_void_p:
         lib, st = _lib, _library()
@@ -685,7 +691,7 @@ class Conv2D(_FusedOp):
         src_tag, dst_tag = {_PLAIN: (plain, plain), _BLOCKED: (st.tag_blocked, st.tag_blocked), _NCHW_TO_BLOCKED: (st.tag_abcd, st.tag_blocked)}[layout]
 
         def mds() -> list[ctypes.c_void_p | None]:  # fresh each time: _descriptor_with destroys them
-            return [_md((n, cg * self.group, h, wd), self._dt(self.src_dtype), src_tag), _md(self.w_dims, self._dt(self.w.dtype), st.tag_any),
+            return [_md((n, cg * self.group, h, wd), self._dt(self.src_dtype), src_tag), _md(self.w_dims, self._dt(self.w.dtype), self.weights_tag),
                     _md((o,), st.f32, st.tag_a) if self.bias is not None else None, _md((n, o, oh, ow), self._dt(self.dst_dtype), dst_tag)]
 
         def create(pd: Any, src: Any, w: Any, b: Any, dst: Any) -> None:

@@ -7,7 +7,8 @@ microseconds. A plan captures, per input signature, the runs of steps whose kern
 one primitive for these operands, or one jitted kernel with a C entry (`Link`), and plans their
 buffers once (runtime/capture.py); a chain runs them from one jitted loop that only points its
 inputs and results at this call's arrays. The primitives and kernels are the steps' own, so the
-results are the same bits.
+results are the same bits, but where capture.py folds a squeeze-and-excitation gate into the next
+convolution's weights (gate_fold.py): there they are within float32's tolerance.
 
 Memory: the chain's inner values live in an arena, one per concurrent caller (taken and given back
 per call), its results are fresh arrays as every kernel's are. The team choice (omp.TeamChoice) is
@@ -98,11 +99,14 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Row:
-    """One call of a chain: its step, read from buffer `src` into buffer `dst`."""
+    """One call of a chain: its step, read from buffer `src` into buffer `dst`. `weights`: a buffer
+    a primitive reads as its weights instead of its own, where an earlier row writes them per call
+    (gate_fold.py)."""
 
     step: Callee
     src: int
     dst: int
+    weights: int | None = None
 
 
 HEADER = 5  # a chain's pointer table starts with: set a memory's data pointer, execute, wait, the stream, start a team
@@ -191,6 +195,8 @@ class _Arena:
                 continue
             assert m is not None
             prim, consts, _ = m
+            if row.weights is not None:  # written by an earlier row of this call
+                consts = [int(self.ptrs[HEADER + row.weights]), *consts[1:]]
             args = onednn.Arguments(prim, [int(self.ptrs[HEADER + row.src]), int(self.ptrs[HEADER + row.dst]), *consts],
                                     scratch if prim.scratch_bytes else None, self.stream)
             self._kept[serial].append(args)
@@ -217,9 +223,11 @@ class PrimitiveChain:
         order = sorted(range(len(buffers)), key=lambda i: (buffers[i].kind, buffers[i].index if buffers[i].kind == INPUT else i))
         at = {old: new for new, old in enumerate(order)}
         self.buffers = [buffers[i] for i in order]
-        self.rows = [Row(r.step, at[r.src], at[r.dst]) for r in rows]
+        def moved(r: Row) -> Row:
+            return Row(r.step, at[r.src], at[r.dst], None if r.weights is None else at[r.weights])
+        self.rows = [moved(r) for r in rows]
         # what the team runs: the same, or with runs of layers cut into bands (kernels/bands.py)
-        self.team_rows = self.rows if team_rows is None else [Row(r.step, at[r.src], at[r.dst]) for r in team_rows]
+        self.team_rows = self.rows if team_rows is None else [moved(r) for r in team_rows]
         self.outputs = [(at[b], shape) for b, shape in outputs]
         self.arena_bytes, self.fallback, self.name = arena_bytes, fallback, name
         self.expect = [(b.shape, b.dtype) for b in self.buffers if b.kind == INPUT]

@@ -7,10 +7,14 @@ the caches cold. Here images in NHWC are one call of the OpenMP team. Where the 
 batch, each member takes whole images: it sums one, computes its gate and scales it while it is
 still in its core's cache. Otherwise each member sums its rows of every image, waits for the
 others, computes the gate itself (small) and scales the same rows. Blocked tensors (a batch from onednn.BLOCKED_MIN_BATCH up) take the
-pool, GEMMs and the blocked scale, where the dense layers are real GEMMs.
+pool, GEMMs and the blocked scale, where the dense layers are real GEMMs. At one image in a chain,
+gate_fold.py may take `weights_call` instead: the gate scales the next 1x1 convolution's weights
+rather than the image.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -42,7 +46,8 @@ def gate_form(act: activations.Act | None) -> tuple[int, float, float] | None:
 
 
 # The team's parameter block (int64): addresses, sizes, forms; bounds is a float32 (4,) array.
-_X, _OUT, _N, _HW, _C, _CR, _W1, _B1, _W2, _B2, _FORM1, _FORM2, _BOUNDS, _SCRATCH, _THREAD_NUM, _NUM_THREADS, _BARRIER, _PLACE, _SIZE = range(19)
+# _WT, _O: the (C, O) weights a folded gate scales (gate_fold.py), their output count.
+_X, _OUT, _N, _HW, _C, _CR, _W1, _B1, _W2, _B2, _FORM1, _FORM2, _BOUNDS, _SCRATCH, _THREAD_NUM, _NUM_THREADS, _BARRIER, _PLACE, _WT, _O, _SIZE = range(21)
 _PARALLEL, _MEMBER = _SIZE, _SIZE + 1  # after the block, where only _run reads them: the team's entry points
 
 if jit.AVAILABLE and omp.PARALLEL:
@@ -103,8 +108,8 @@ if jit.AVAILABLE and omp.PARALLEL:
                 acc[ch] += row[ch]
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
-    def _excite(q, means, hidden, rows, out, lo, hi):
-        # means -> gate (in means' place), then out[lo:hi] = rows[lo:hi] * gate
+    def _gate(q, means, hidden):
+        # means -> gate, in means' place (the means are spent once the hidden layer holds them)
         w1 = carray(jit.float32s_at(q[_W1]), (q[_CR], q[_C]))
         b1 = carray(jit.float32s_at(q[_B1]), (q[_CR],))
         w2 = carray(jit.float32s_at(q[_W2]), (q[_C], q[_CR]))
@@ -112,9 +117,14 @@ if jit.AVAILABLE and omp.PARALLEL:
         bounds = carray(jit.float32s_at(q[_BOUNDS]), (4,))
         _dense(means, w1, b1, hidden)
         _activate(hidden, q[_FORM1], bounds[0], bounds[1])
-        gate = means  # the means are spent once the hidden layer holds them
-        _dense(hidden, w2, b2, gate)
-        _activate(gate, q[_FORM2], bounds[2], bounds[3])
+        _dense(hidden, w2, b2, means)
+        _activate(means, q[_FORM2], bounds[2], bounds[3])
+
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _excite(q, means, hidden, rows, out, lo, hi):
+        # means -> gate (in means' place), then out[lo:hi] = rows[lo:hi] * gate
+        _gate(q, means, hidden)
+        gate = means
         for r in range(lo, hi):
             row, orow = rows[r], out[r]
             for ch in range(gate.size):
@@ -152,6 +162,38 @@ if jit.AVAILABLE and omp.PARALLEL:
                 means[ch] = total * inv
             _excite(q, means, hidden, x[i], out[i], lo, hi)
 
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _scale_weights(q, team, me):
+        # one image: the gate as _share computes it (each member's rows summed, the sums added in
+        # member order), then out = wt scaled by the gate along its rows, each member its rows
+        hw, c, o = q[_HW], q[_C], q[_O]
+        x = carray(jit.float32s_at(q[_X]), (hw, c))
+        sums = carray(jit.float32s_at(q[_SCRATCH]), (team, c))
+        mine = np.empty(2 * c + q[_CR], np.float32)
+        local, means, hidden = mine[:c], mine[c:2 * c], mine[2 * c:]
+        _squeeze(x, hw * me // team, hw * (me + 1) // team, local)
+        sums[me] = local
+        jit.c_call0(q[_BARRIER])
+        inv = np.float32(1.0 / hw)
+        for ch in range(c):
+            total = np.float32(0)
+            for t in range(team):
+                total += sums[t, ch]
+            means[ch] = total * inv
+        _gate(q, means, hidden)
+        wt = carray(jit.float32s_at(q[_WT]), (c, o))
+        out = carray(jit.float32s_at(q[_OUT]), (c, o))
+        for ch in range(c * me // team, c * (me + 1) // team):
+            g, src, dst = means[ch], wt[ch], out[ch]
+            for j in range(o):
+                dst[j] = src[j] * g
+
+    def _weights_member(data):  # compiled into a C callable by jit.entry_address
+        q = carray(jit.int64s_at(data), (_SIZE,))
+        me = jit.c_call0(q[_THREAD_NUM])
+        omp.apart(q[_PLACE], me)
+        _scale_weights(q, jit.c_call0(q[_NUM_THREADS]), me)
+
     @jit.njit(cache=True)
     def _scratch_floats(team, n, c, cr):
         # every member's channel sums of every image, each written once
@@ -171,6 +213,14 @@ if jit.AVAILABLE and omp.PARALLEL:
         q[_X], q[_OUT], q[_N], q[_HW], q[_SCRATCH] = x.ctypes.data, out.ctypes.data, n, hw, scratch.ctypes.data
         jit.c_call4(q[_PARALLEL], q[_MEMBER], q.ctypes.data, threads, 0)
         return scratch.shape[0]  # a use after the team's: the scratch lives until the team is done
+
+
+@dataclass(frozen=True)
+class SqueezeExciteCall(KernelCall):
+    """A block's team kernel as a chain runs it, with the block it computes (gate_fold.py may
+    fold its gate into the next convolution's weights)."""
+
+    se: "SqueezeExcite | None" = None
 
 
 class SqueezeExcite:
@@ -213,7 +263,26 @@ class SqueezeExcite:
             q = consts.copy()
             q[[_N, _HW, _SCRATCH]] = [n, h * w, scratch.ctypes.data]
             return q, scratch
-        return KernelCall(int(consts[_MEMBER]), block, _X, _OUT, shape, team=True)
+        return SqueezeExciteCall(int(consts[_MEMBER]), block, _X, _OUT, shape, team=True, se=self)
+
+    def weights_call(self, shape: tuple[int, ...], wt: np.ndarray) -> KernelCall | None:
+        """For one NHWC image of `shape`: the team kernel that computes this block's gate and
+        writes `wt` (C, O), a 1x1 convolution's weights, scaled by it along C, reading the image
+        from its source field and writing the weights at its destination field; None where the
+        team kernel does not run."""
+        consts = self.team_consts
+        if consts is None or len(shape) != 4 or shape[0] != 1 or shape[3] != self.c or wt.shape[0] != self.c:
+            return None
+        _, h, w, c = shape
+        o = wt.shape[1]
+        weights = np.ascontiguousarray(wt, np.float32)
+
+        def block() -> tuple[np.ndarray, Any]:
+            scratch = np.empty(omp.TEAM * c, np.float32)  # for the largest team the chain runs it on
+            q = consts.copy()
+            q[[_N, _HW, _SCRATCH, _WT, _O]] = [1, h * w, scratch.ctypes.data, weights.ctypes.data, o]
+            return q, (scratch, weights)
+        return KernelCall(_weights_entry(), block, _X, _OUT, (c, o), team=True)
 
     def gate(self, means: np.ndarray) -> np.ndarray:
         """(N, C) channel means -> (N, C) gate, on NumPy."""
@@ -246,6 +315,11 @@ class SqueezeExcite:
         rows = np.ascontiguousarray(x).reshape(n, h * w, c)
         omp.timed(omp.choice_for(self._choices, x.shape, keeps_apart=False), lambda threads: _run(consts, rows, out.reshape(n, h * w, c), threads))
         return out
+
+
+@functools.cache
+def _weights_entry() -> int:
+    return jit.entry_address(_weights_member)
 
 
 def _weights(spec: KernelSpec) -> tuple[np.ndarray, np.ndarray | None, np.ndarray, np.ndarray | None]:

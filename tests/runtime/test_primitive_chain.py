@@ -192,7 +192,7 @@ def test_jitted_kernels_between_the_primitives_join_the_chain(batch: int, onednn
     steps = plan.captured_steps([x]) or []
     assert len(steps) == 2 and isinstance(steps[1][0], PrimitiveChain)  # the input's layout change, then one chain
     kinds = [type(row.step).__name__ for row in steps[1][0].rows]
-    assert kinds == ["Site", "KernelCall", "Site", "KernelCall", "KernelCall"], kinds  # the flatten hands its input through
+    assert kinds == ["Site", "SqueezeExciteCall", "Site", "KernelCall", "KernelCall"], kinds  # the flatten hands its input through
     onednn_calls.clear()
     for _ in range(2):
         x2 = f32(batch, 16, 10, 10)
