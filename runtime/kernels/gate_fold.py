@@ -51,6 +51,7 @@ def _plain_1x1(site: onednn.Site) -> bool:
 
 
 def worth(x_shape: tuple[int, ...], outputs: int) -> bool:
+    """Whether scaling the weights costs less than the pass over the image it saves."""
     return x_shape[1] * x_shape[2] >= MIN_PIXELS_PER_OUTPUT * outputs
 
 
