@@ -2,7 +2,7 @@
 gate_fold.py). Watched by what it changes: a captured chain at one image runs the gate's weights
 kernel and a convolution reading its HWIO weights from the arena instead of scaling the image;
 the results stay onnxruntime's (fp32 tolerance from the one table, runtime/accuracy.py) on the
-team, on one thread and on concurrent callers; batches, small images, an image read again later
+team, on one thread, on concurrent callers and where bands cut the runs around it; batches, small images, an image read again later
 or summed into, and the switched-off setting keep the unfolded steps."""
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ import pytest
 from kubetrt.runtime.accuracy import tolerance_for
 from kubetrt.runtime.devices.host import RUNTIME
 from kubetrt.runtime.executor import SequentialPlan
-from kubetrt.runtime.kernels import gate_fold, omp, onednn, primitive_chain
+from kubetrt.runtime.kernels import bands, gate_fold, omp, onednn, primitive_chain
 from kubetrt.runtime.kernels.primitive_chain import PrimitiveChain, Row
 from kubetrt.runtime.kernels.squeeze_excite import SqueezeExciteCall
 from kubetrt.runtime.onnx_import import from_proto
@@ -126,6 +126,21 @@ def test_concurrent_callers_each_scale_their_own_weights() -> None:
         for _ in range(20):
             np.testing.assert_allclose(plan.run([xs[i]])[0], want[i], rtol=TOL.rtol, atol=TOL.atol)
     on_threads(work, list(range(4)))
+
+
+def test_bands_leave_a_convolution_with_per_call_weights_whole(monkeypatch: pytest.MonkeyPatch) -> None:
+    # every run of layers is worth cutting: the folded projection and the ReLU convolution after it
+    # would be one, and a band binds each layer's own (unscaled) weights
+    monkeypatch.setattr(bands, "MIN_GAIN_US", -np.inf)
+    monkeypatch.setattr(bands, "MIN_GAIN_SHARE", 0.0)
+    model = gated_block(then="conv")
+    plan = prepared(model)
+    x = f32(1, 16, 16, 16)
+    check(plan, model, x)
+    chains = [run for run, *_ in plan.captured_steps([x]) or [] if isinstance(run, PrimitiveChain)]
+    (conv,) = folded(chains[0].rows)
+    assert conv in chains[0].team_rows  # its own row on the team, not a band's layer
+    check(plan, model, f32(1, 16, 16, 16))
 
 
 @pytest.mark.parametrize("case", ["a batch of two", "a small image", "summed into", "read again", "switched off"])
