@@ -131,6 +131,16 @@ if jit.AVAILABLE and omp.PARALLEL:
                 orow[ch] = row[ch] * gate[ch]
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
+    def _team_means(sums, i, inv, means):
+        # image i's channel means from every member's sums of its rows (sums: team, n, c), added
+        # in member order
+        for ch in range(means.size):
+            total = np.float32(0)
+            for t in range(sums.shape[0]):
+                total += sums[t, i, ch]
+            means[ch] = total * inv
+
+    @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _share(q, team, me):
         n, hw, c, cr = q[_N], q[_HW], q[_C], q[_CR]
         x = carray(jit.float32s_at(q[_X]), (n, hw, c))
@@ -155,31 +165,22 @@ if jit.AVAILABLE and omp.PARALLEL:
             sums[me, i] = local
         jit.c_call0(q[_BARRIER])
         for i in range(n):  # excite: every member computes the whole gate, then scales its rows
-            for ch in range(c):
-                total = np.float32(0)
-                for t in range(team):
-                    total += sums[t, i, ch]
-                means[ch] = total * inv
+            _team_means(sums, i, inv, means)
             _excite(q, means, hidden, x[i], out[i], lo, hi)
 
     @jit.njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
     def _scale_weights(q, team, me):
-        # one image: the gate as _share computes it (each member's rows summed, the sums added in
-        # member order), then out = wt scaled by the gate along its rows, each member its rows
+        # one image: the gate as _share computes it (each member's rows summed, _team_means), then
+        # out = wt scaled by the gate along its rows, each member its rows
         hw, c, o = q[_HW], q[_C], q[_O]
         x = carray(jit.float32s_at(q[_X]), (hw, c))
-        sums = carray(jit.float32s_at(q[_SCRATCH]), (team, c))
+        sums = carray(jit.float32s_at(q[_SCRATCH]), (team, 1, c))
         mine = np.empty(2 * c + q[_CR], np.float32)
         local, means, hidden = mine[:c], mine[c:2 * c], mine[2 * c:]
         _squeeze(x, hw * me // team, hw * (me + 1) // team, local)
-        sums[me] = local
+        sums[me, 0] = local
         jit.c_call0(q[_BARRIER])
-        inv = np.float32(1.0 / hw)
-        for ch in range(c):
-            total = np.float32(0)
-            for t in range(team):
-                total += sums[t, ch]
-            means[ch] = total * inv
+        _team_means(sums, 0, np.float32(1.0 / hw), means)
         _gate(q, means, hidden)
         wt = carray(jit.float32s_at(q[_WT]), (c, o))
         out = carray(jit.float32s_at(q[_OUT]), (c, o))
