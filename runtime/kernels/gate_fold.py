@@ -97,11 +97,12 @@ def _folded(gate: Row, conv: Row | None, later: list[Row], buffers: list[Buffer]
     o = op.w.shape[0]
     if not worth(step.shape, o):
         return None
-    call = step.se.weights_call(step.shape, np.ascontiguousarray(op.w[:, :, 0, 0].T))
-    if call is None:
-        return None
     hwio = onednn.Conv2D(op.w, op.bias, 1, [1, 1], [1, 1], op.activation, op.residual, name=f"{op.name}/gated", hwio_weights=True)
-    _, h, w, _ = step.shape
+    _, h, w, c = step.shape
     site = hwio.bind(step.shape, h, w, [0, 0], [0, 0])
     assert isinstance(site, onednn.Site), "a plain NHWC convolution binds to its site"
-    return call, site
+    # the gate scales the weights as the primitive reads them (HWIO: a C x O matrix), oneDNN's reorder of them
+    weights = site.primitive(False)[2]
+    assert weights is not None, "a convolution keeps its weights"
+    call = step.se.weights_call(step.shape, weights.view(np.float32).reshape(c, o))
+    return None if call is None else (call, site)
