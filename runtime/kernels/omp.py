@@ -32,10 +32,11 @@ from .parallel import STREAM
 
 TEAMS_ENV = "KUBETRT_ONEDNN_TEAMS"
 PLACEMENT_ENV = "KUBETRT_TEAM_PLACEMENT"
+SPIN_ENV, SPIN_ROUNDS = "GOMP_SPINCOUNT", 10000  # idle workers' spin before they sleep, where the operator sets none
 
 
 def _load() -> ctypes.CDLL | None:
-    os.environ.setdefault("GOMP_SPINCOUNT", "10000")
+    os.environ.setdefault(SPIN_ENV, str(SPIN_ROUNDS))
     try:
         return ctypes.CDLL("libgomp.so.1")
     except OSError:
