@@ -70,6 +70,33 @@ def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path]
     return {stat: {cell: statistics.median(times) for cell, times in cells.items()} for stat, cells in runs.items()}
 
 
+Slowdowns = dict[tuple[str, int, str, str, str], float]  # (model, batch, engine, condition, statistic) -> under / alone
+PEER = "onnxruntime"  # the runtime the issue's clause measures kubetrt's slowdown against
+
+
+def slowdowns(model: str, batch: int, stats: dict[str, dict[tuple[str, str], float]]) -> Slowdowns:
+    """Each engine's slowdown per condition and statistic for one cell: its value there / alone."""
+    return {(model, batch, e, c, stat): cells[(e, c)] / cells[(e, "alone")]
+            for stat, cells in stats.items() for (e, c) in cells if c != "alone"}
+
+
+def verdicts(slow: Slowdowns, engine: str, peer: str = PEER) -> list[str]:
+    """Per condition and statistic: in how many cells `engine` slows down no more than `peer`,
+    and the cells where it does more. The statistics disagree beside a busy core (a team's median
+    call keeps its speed, its mean pays the waits for a descheduled member: bench/team_scheduling.py),
+    so each gets its own count."""
+    lines = []
+    for c in CONDITIONS[1:]:
+        parts = []
+        for stat in STATS:
+            cells = sorted({(m, b) for m, b, e, cc, st in slow if e == engine and cc == c and st == stat})
+            missed = [(m, b) for m, b in cells if slow[(m, b, engine, c, stat)] > slow[(m, b, peer, c, stat)]]
+            misses = "; ".join(f"{m} b{b} {slow[(m, b, engine, c, stat)]:.2f}x vs {slow[(m, b, peer, c, stat)]:.2f}x" for m, b in missed)
+            parts.append(f"{stat.removesuffix('_s')} {len(cells) - len(missed)}/{len(cells)}" + (f" (not: {misses})" if misses else ""))
+        lines.append(f"{engine} degrades no more than {peer} {c}: " + ", ".join(parts))
+    return lines
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=["small_cnn", "mobilenet_v2"], choices=bench.MODELS)
@@ -84,11 +111,13 @@ def main() -> int:
 
     z = zoo()
     lines = []
+    slowed: Slowdowns = {}
     print(f"{'model':<14}{'batch':>6}  {'engine':<12}" + "".join(f"{c:>16}" for c in CONDITIONS))
     for m in a.models:
         paths = (z.package(m), z.savedmodel(m))
         for batch in a.batches:
             stats = measure(m, batch, a.engines, paths, a.seconds, a.rounds)
+            slowed.update(slowdowns(m, batch, stats))
             times, means, tails = stats["median_s"], stats["mean_s"], stats["p99_s"]
             for e in a.engines:
                 alone = times[(e, "alone")]
@@ -104,6 +133,9 @@ def main() -> int:
           " in brackets the same for the mean call time, which a call's stalls raise, and the 99th"
           " percentile call time under the condition and alone:")
     print("\n".join(lines))
+    if PEER in a.engines:
+        print()
+        print("\n".join(v for e in a.engines if e != PEER for v in verdicts(slowed, e)))
     return 0
 
 
