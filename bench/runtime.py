@@ -146,7 +146,9 @@ WARM_CALLS, WARM_SECONDS = 8, 1.0  # warm-up: this many calls, or this long with
 
 def time_calls(run: Callable[[Any], Any], feeds: Any, seconds: float, min_reps: int) -> list[float]:
     """Call times after warm-up: a long-running server's, once each engine's first-call work (compiling,
-    capturing, timing its choices) is done."""
+    capturing, timing its choices) is done. Calls go on for all of `seconds`: a cap on their count
+    would cut a small model's window to tens of milliseconds, a few of the scheduler's time slices,
+    where one stall more or less decides a mean (bench/contention.py)."""
     warm_until = time.perf_counter() + WARM_SECONDS
     for i in range(WARM_CALLS):
         run(feeds)
@@ -158,8 +160,6 @@ def time_calls(run: Callable[[Any], Any], feeds: Any, seconds: float, min_reps: 
         t0 = time.perf_counter()
         run(feeds)
         times.append(time.perf_counter() - t0)
-        if len(times) >= 2000:
-            break
     return times
 
 
