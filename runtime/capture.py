@@ -19,6 +19,7 @@ import numpy as np
 from .kernels import bands, gate_fold, primitive_chain
 from .kernels.buffers import whole_lines
 from .kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, Link, PrimitiveChain, Row
+from .kernels.settings import switched_on
 from .program import Program, Step
 
 CHAINS_ENV = "KUBETRT_PRIMITIVE_CHAINS"
@@ -32,10 +33,7 @@ Failed = Callable[[Program, int, BaseException], BaseException]
 
 def chains_enabled(env: Mapping[str, str]) -> bool:
     """CHAINS_ENV: 1 (the default) captures chains where oneDNN and numba are, 0 never does."""
-    text = env.get(CHAINS_ENV, "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"{CHAINS_ENV}={text!r}: expected 1 (capture primitive chains) or 0")
-    return text == "1" and primitive_chain.AVAILABLE
+    return switched_on(env, CHAINS_ENV, "capture primitive chains") and primitive_chain.AVAILABLE
 
 
 ENABLED = chains_enabled(os.environ)

@@ -24,6 +24,7 @@ import numpy as np
 from . import jit, omp, onednn
 from .buffers import aligned, whole_lines
 from .primitive_chain import ARENA, Buffer, KernelCall, Row
+from .settings import switched_on
 
 BANDS_ENV = "KUBETRT_ROW_BANDS"
 MIN_BAND_ROWS = 2  # result rows per band below which a run is not cut
@@ -153,10 +154,7 @@ def _runs(rows: list[Row], layers: list[_Layer | None], buffers: list[Buffer], o
 
 def bands_enabled(env: Mapping[str, str]) -> bool:
     """BANDS_ENV: 1 (the default) cuts runs of layers into bands where the cost model gains, 0 never does."""
-    text = env.get(BANDS_ENV, "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"{BANDS_ENV}={text!r}: expected 1 (cut runs of layers into bands of rows) or 0")
-    return text == "1"
+    return switched_on(env, BANDS_ENV, "cut runs of layers into bands of rows")
 
 
 def team_rows(rows: list[Row], buffers: list[Buffer], outputs: list[int], bands: int | None = None) -> list[Row]:

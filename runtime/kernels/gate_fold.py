@@ -20,6 +20,7 @@ import numpy as np
 from . import onednn
 from .buffers import whole_lines
 from .primitive_chain import ARENA, Buffer, KernelCall, Row
+from .settings import switched_on
 from .squeeze_excite import SqueezeExciteCall
 
 GATE_FOLD_ENV = "KUBETRT_GATE_FOLD"
@@ -31,10 +32,7 @@ MIN_PIXELS_PER_OUTPUT = 2
 
 def gate_fold_enabled(env: Mapping[str, str]) -> bool:
     """GATE_FOLD_ENV: 1 (the default) folds gates into weights where it pays, 0 never does."""
-    text = env.get(GATE_FOLD_ENV, "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"{GATE_FOLD_ENV}={text!r}: expected 1 (fold gates into the next 1x1 convolution's weights) or 0")
-    return text == "1"
+    return switched_on(env, GATE_FOLD_ENV, "fold gates into the next 1x1 convolution's weights")
 
 
 ENABLED = gate_fold_enabled(os.environ)

@@ -30,6 +30,7 @@ from . import jit, omp, onednn
 from .activations import Eltwise
 from .buffers import aligned
 from .primitive_chain import KernelCall, in_line
+from .settings import switched_on
 
 WINOGRAD_ENV = "KUBETRT_WINOGRAD"
 TILE, PATCH = 4, 6  # results per tile side, input patch side (TILE + 3 - 1)
@@ -109,10 +110,7 @@ def block_tiles(c: int, o: int, tiles: int, members: int) -> int:
 
 def winograd_enabled(env: Mapping[str, str]) -> bool:
     """WINOGRAD_ENV: 1 (the default) runs 3x3 layers with enough tiles as Winograd's, 0 never does."""
-    text = env.get(WINOGRAD_ENV, "1").strip() or "1"
-    if text not in ("0", "1"):
-        raise ValueError(f"{WINOGRAD_ENV}={text!r}: expected 1 (Winograd's form for 3x3 layers where it gains) or 0")
-    return text == "1"
+    return switched_on(env, WINOGRAD_ENV, "Winograd's form for 3x3 layers where it gains")
 
 
 # The block a chain hands the team: source and destination (written per call), the addresses
