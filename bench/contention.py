@@ -10,7 +10,8 @@ second model or a sidecar runtime in one pod). Engines and conditions take turns
 and each reports the median of its rounds' medians. The last lines give each engine's slowdown
 (time under the condition / time alone) per cell: the goal is kubetrt's no worse than
 onnxruntime's; then, per condition and statistic, the cells where kubetrt's is worse in enough of
-the rounds to be more than the rounds' noise (a paired sign test), and where only its median is. `kubetrt-static` is kubetrt with KUBETRT_ONEDNN_TEAMS=static, `kubetrt-free` with
+the rounds to be more than the rounds' noise (a paired sign test), and where only its median is.
+`kubetrt-static` is kubetrt with KUBETRT_ONEDNN_TEAMS=static, `kubetrt-free` with
 KUBETRT_TEAM_PLACEMENT=free.
 """
 from __future__ import annotations
@@ -60,7 +61,7 @@ Rounds = dict[str, dict[tuple[str, str], list[float]]]  # statistic -> (engine, 
 
 def measure(model: str, batch: int, engines: list[str], paths: tuple[Path, Path], seconds: float, rounds: int) -> Rounds:
     """Per statistic of a worker's call times (STATS), per (engine, condition): its value in each round."""
-    runs: dict[str, dict[tuple[str, str], list[float]]] = {stat: {} for stat in STATS}
+    runs: Rounds = {stat: {} for stat in STATS}
     for r in range(rounds):
         for cond in CONDITIONS:
             for engine in engines:
