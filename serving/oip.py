@@ -7,15 +7,16 @@ JSON header of `Inference-Header-Content-Length` bytes followed by raw tensor bl
 """
 from __future__ import annotations
 
-import json
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
+import orjson
 
 from kubetrt.runtime.package import TensorSpec
 
+from . import json_arrays
 from .errors import BadRequest
 from .tensors import OIP_TO_NUMPY, array_from_json, element_count, json_value, oip_datatype
 
@@ -47,7 +48,7 @@ def decode_infer_request(
     else:
         header, binary = body, memoryview(b"")
     try:
-        doc = json.loads(header)
+        doc = json_arrays.loads(header)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"malformed JSON in the request body: {e}") from None
     if not isinstance(doc, dict):
@@ -214,13 +215,15 @@ def encode_infer_response(
                 blob = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
             doc["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
+        elif arr.dtype.kind in "biuf":
+            doc["data"] = np.ascontiguousarray(arr).ravel()  # orjson writes it in C, no list in between
         else:
             doc["data"] = json_value(arr.ravel())
         out_docs.append(doc)
     resp: dict[str, Any] = {"model_name": model_name, "model_version": model_version, "outputs": out_docs}
     if request.id is not None:
         resp["id"] = request.id
-    header = json.dumps(resp, separators=(",", ":")).encode()
+    header = orjson.dumps(resp, option=orjson.OPT_SERIALIZE_NUMPY)
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)

@@ -14,6 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import BadRequest
+from .json_arrays import ArrayError, NumberArray
 
 # OIP datatype name <-> numpy dtype (BYTES <-> object arrays of bytes).
 OIP_TO_NUMPY: dict[str, np.dtype] = {
@@ -60,13 +61,22 @@ def element_count(shape: Sequence[int]) -> int:
 
 
 def array_from_json(data: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """Nested or flat JSON list -> array of `dtype`, vectorized; `what` names the tensor in errors."""
-    if dtype.kind == "O":
+    """Nested or flat JSON list (or a NumberArray still in the body) -> array of `dtype`; `what`
+    names the tensor in errors."""
+    if isinstance(data, NumberArray):
+        if dtype.kind == "O":
+            raise BadRequest(f"{what}: datatype BYTES needs strings, got numbers")
+        try:
+            arr = data.to_numpy(dtype)
+        except ArrayError as e:
+            raise BadRequest(f"{what}: {e}") from None
+    elif dtype.kind == "O":
         return bytes_array_from_json(data, what)
-    try:
-        arr = np.asarray(data)
-    except (ValueError, TypeError) as e:
-        raise BadRequest(f"{what}: data is not a regular (non-ragged) array of numbers ({e})") from None
+    else:
+        try:
+            arr = np.asarray(data)
+        except (ValueError, TypeError) as e:
+            raise BadRequest(f"{what}: data is not a regular (non-ragged) array of numbers ({e})") from None
     kind = arr.dtype.kind
     if arr.size == 0:
         return arr.astype(dtype)
