@@ -10,7 +10,6 @@ import contextlib
 import json
 import logging
 import os
-import time
 from typing import Any, AsyncIterator, Awaitable, Callable, Iterable
 
 from fastapi import FastAPI, Request
@@ -22,14 +21,14 @@ import kubetrt
 from kubetrt.telemetry.logs import log
 
 from . import oip, tfserving
-from .errors import BadRequest, NotFound, PayloadTooLarge, ServingError, Unavailable, error_response
-from .metrics import CONTENT_TYPE, UNKNOWN_MODEL, ServingMetrics
-from .registry import ModelLike, ModelRegistry, ModelSource, ServedModel, ServingConfig, timeout_from_params
+from .calls import lookup, tracked
+from .errors import BadRequest, PayloadTooLarge, ServingError, Unavailable, error_response
+from .metrics import CONTENT_TYPE, ServingMetrics
+from .registry import ModelLike, ModelRegistry, ModelSource, ServingConfig, timeout_from_params
 
 logger = logging.getLogger("kubetrt.serving")
 
 JSON = "application/json"
-OUTCOME_BY_STATUS = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "unavailable", 504: "timeout"}
 
 
 def create_app(
@@ -49,11 +48,20 @@ def create_app(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        grpc_server = None
+        if config.grpc_port is not None:
+            from .oip_grpc.server import create_grpc_server  # grpc loads only where it serves
+
+            grpc_server, app.state.grpc_port = create_grpc_server(registry, config, config.grpc_host, config.grpc_port)
+            await grpc_server.start()
+            log(logger, logging.INFO, "gRPC endpoint up", address=f"{config.grpc_host}:{app.state.grpc_port}")
         # Load after startup so liveness answers while models load; readiness waits for them.
         loading = asyncio.create_task(registry.load_all())
         try:
             yield
         finally:
+            if grpc_server is not None:  # HTTP has drained; in-flight gRPC calls finish before batchers close
+                await grpc_server.stop(config.graceful_timeout_s)
             if not loading.done():
                 loading.cancel()
             await asyncio.to_thread(registry.close)
@@ -62,6 +70,7 @@ def create_app(
     app.state.registry = registry
     app.state.metrics = metrics
     app.state.config = config
+    app.state.grpc_port = None
     _install_error_handlers(app)
     _add_oip_routes(app, registry, config)
     _add_tfserving_routes(app, registry, config)
@@ -98,34 +107,6 @@ async def read_body(request: Request, limit: int) -> bytes:
     if total > limit:
         raise PayloadTooLarge(f"request body of {total} bytes exceeds the limit of {limit} bytes (--max-body-bytes)")
     return b"".join(chunks)
-
-
-async def tracked(served: ServedModel, handle: Callable[[], Awaitable[Response]]) -> Response:
-    """Run one inference route with in-flight, duration and outcome metrics for its model."""
-    m = served.metrics
-    m.inflight.inc()
-    t0 = time.perf_counter()
-    try:
-        response = await handle()
-    except ServingError as e:
-        m.outcome[OUTCOME_BY_STATUS.get(e.status, "error")].inc()
-        raise
-    except BaseException:
-        m.outcome["error"].inc()
-        raise
-    finally:
-        m.inflight.dec()
-        m.request_duration.observe(time.perf_counter() - t0)
-    m.outcome["success"].inc()
-    return response
-
-
-def _lookup(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
-    try:
-        return registry.get(name, version)
-    except NotFound:
-        registry.metrics.requests.labels(UNKNOWN_MODEL, "not_found").inc()
-        raise
 
 
 def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig) -> None:
@@ -170,7 +151,7 @@ def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig
 
     async def infer(request: Request) -> Response:
         p = request.path_params
-        served = _lookup(registry, p["name"], p.get("version"))
+        served = lookup(registry, p["name"], p.get("version"))
 
         async def handle() -> Response:
             body = await read_body(request, config.max_body_bytes)
@@ -218,7 +199,7 @@ def _add_tfserving_routes(app: FastAPI, registry: ModelRegistry, config: Serving
 
     async def tf_predict(request: Request) -> Response:
         p = request.path_params
-        served = _lookup(registry, p["name"], p.get("version"))
+        served = lookup(registry, p["name"], p.get("version"))
 
         async def handle() -> Response:
             body = await read_body(request, config.max_body_bytes)

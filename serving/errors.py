@@ -1,4 +1,5 @@
-"""Serving errors: one exception type per HTTP status, rendered as the OIP body {"error": "..."}.
+"""Serving errors: one exception type per outcome, with its HTTP status (rendered as the OIP body
+{"error": "..."}) and its gRPC status code name, so both transports answer a fault alike.
 
 Codecs and the registry raise these from pure code, so routes never build error responses by hand
 and nothing a client sends can surface as a 500.
@@ -12,6 +13,7 @@ from starlette.responses import Response
 
 class ServingError(Exception):
     status: int = 500
+    grpc_code: str = "INTERNAL"  # a grpc.StatusCode name
 
     def __init__(self, message: str, *, headers: dict[str, str] | None = None) -> None:
         super().__init__(message)
@@ -21,27 +23,38 @@ class ServingError(Exception):
 
 class BadRequest(ServingError):
     status = 400
+    grpc_code = "INVALID_ARGUMENT"
 
 
 class NotFound(ServingError):
     status = 404
+    grpc_code = "NOT_FOUND"
 
 
 class PayloadTooLarge(ServingError):
     status = 413
+    grpc_code = "RESOURCE_EXHAUSTED"
 
 
 class Unavailable(ServingError):
     """Not ready, shutting down or shedding load; Retry-After tells clients when to come back."""
 
     status = 503
+    grpc_code = "UNAVAILABLE"
 
     def __init__(self, message: str, *, retry_after_s: int = 1) -> None:
         super().__init__(message, headers={"Retry-After": str(retry_after_s)})
 
 
+class Overloaded(Unavailable):
+    """The model's queue is full: shed at once rather than let the request time out."""
+
+    grpc_code = "RESOURCE_EXHAUSTED"
+
+
 class Timeout(ServingError):
     status = 504
+    grpc_code = "DEADLINE_EXCEEDED"
 
 
 class ComputeFailed(ServingError):

@@ -70,21 +70,11 @@ def decode_infer_request(
         name = t.get("name")
         if not isinstance(name, str):
             raise BadRequest(f"inputs[{i}]: 'name' must be a string")
-        spec = specs.get(name)
-        if spec is None:
-            raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(specs)}")
-        if name in feeds:
-            raise BadRequest(f"input {name!r} is given twice")
-        what = f"input {name!r}"
         datatype = t.get("datatype")
-        expected = oip_datatype(spec.dtype)
-        if not isinstance(datatype, str) or datatype not in OIP_TO_NUMPY:
-            raise BadRequest(f"{what}: unknown datatype {datatype!r}; expected {expected}")
-        if datatype != expected:
-            raise BadRequest(f"{what}: datatype {datatype} does not match the model's {expected}")
-        shape = _shape(t.get("shape"), what)
+        what = f"input {name!r}"
+        dtype = input_dtype(specs, feeds, name, datatype)
+        shape = check_shape(t.get("shape"), what)
         tparams = _params(t.get("parameters"), f"{what} 'parameters'")
-        dtype = OIP_TO_NUMPY[datatype]
         size = tparams.get("binary_data_size")
         if size is not None:
             if "data" in t:
@@ -96,7 +86,7 @@ def decode_infer_request(
                     f"{what}: binary_data_size {size} runs past the end of the binary data "
                     f"({len(binary) - offset} bytes left)"
                 )
-            arr = _from_binary(binary[offset : offset + size], dtype, shape, what)
+            arr = from_raw(binary[offset : offset + size], dtype, shape, what)
             offset += size
         else:
             if "data" not in t:
@@ -116,6 +106,22 @@ def decode_infer_request(
     return InferRequest(req_id, feeds, _requested_outputs(doc.get("outputs"), outputs, binary_default), params)
 
 
+def input_dtype(specs: Mapping[str, TensorSpec], feeds: Mapping[str, Any], name: str, datatype: Any) -> np.dtype:
+    """The dtype of a named input with its declared datatype, checked against the model's
+    signature and the inputs already read (every transport's one check)."""
+    spec = specs.get(name)
+    if spec is None:
+        raise BadRequest(f"unknown input {name!r}; the model's inputs are {sorted(specs)}")
+    if name in feeds:
+        raise BadRequest(f"input {name!r} is given twice")
+    expected = oip_datatype(spec.dtype)
+    if not isinstance(datatype, str) or datatype not in OIP_TO_NUMPY:
+        raise BadRequest(f"input {name!r}: unknown datatype {datatype!r}; expected {expected}")
+    if datatype != expected:
+        raise BadRequest(f"input {name!r}: datatype {datatype} does not match the model's {expected}")
+    return OIP_TO_NUMPY[datatype]
+
+
 def _params(p: Any, what: str) -> dict[str, Any]:
     if p is None:
         return {}
@@ -124,7 +130,7 @@ def _params(p: Any, what: str) -> dict[str, Any]:
     return p
 
 
-def _shape(shape: Any, what: str) -> tuple[int, ...]:
+def check_shape(shape: Any, what: str) -> tuple[int, ...]:
     if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
         isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
     ):
@@ -132,7 +138,8 @@ def _shape(shape: Any, what: str) -> tuple[int, ...]:
     return tuple(shape)
 
 
-def _from_binary(buf: memoryview, dtype: np.dtype, shape: tuple[int, ...], what: str) -> np.ndarray:
+def from_raw(buf: memoryview | bytes, dtype: np.dtype, shape: tuple[int, ...], what: str) -> np.ndarray:
+    """A tensor's little-endian bytes (binary extension, gRPC raw contents) as a view, not a copy."""
     n = element_count(shape)
     if dtype.kind == "O":
         items = _unpack_bytes(buf, what)
@@ -144,12 +151,12 @@ def _from_binary(buf: memoryview, dtype: np.dtype, shape: tuple[int, ...], what:
     need = n * dtype.itemsize
     if len(buf) != need:
         raise BadRequest(
-            f"{what}: shape {list(shape)} of {oip_datatype(dtype)} needs {need} bytes, binary_data_size is {len(buf)}"
+            f"{what}: shape {list(shape)} of {oip_datatype(dtype)} needs {need} bytes, its binary data has {len(buf)}"
         )
     return np.frombuffer(buf, dtype=dtype.newbyteorder("<")).reshape(shape)
 
 
-def _unpack_bytes(buf: memoryview, what: str) -> list[bytes]:
+def _unpack_bytes(buf: memoryview | bytes, what: str) -> list[bytes]:
     """BYTES binary layout: each element is a 4-byte little-endian length, then that many bytes."""
     items, i, end = [], 0, len(buf)
     while i < end:
@@ -164,7 +171,7 @@ def _unpack_bytes(buf: memoryview, what: str) -> list[bytes]:
     return items
 
 
-def _pack_bytes(arr: np.ndarray) -> bytes:
+def pack_bytes(arr: np.ndarray) -> bytes:
     parts = []
     for v in arr.ravel().tolist():
         b = bytes(v) if isinstance(v, (bytes, bytearray)) else str(v).encode()
@@ -183,17 +190,28 @@ def _requested_outputs(raw: Any, outputs: Sequence[TensorSpec], binary_default: 
     for i, o in enumerate(raw):
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
-        name = o["name"]
-        if name not in names:
-            raise BadRequest(f"unknown output {name!r} requested; the model's outputs are {names}")
-        p = _params(o.get("parameters"), f"output {name!r} 'parameters'")
-        if "classification" in p:
-            raise BadRequest(f"output {name!r}: the classification extension is not supported")
-        binary = p.get("binary_data", binary_default)
-        if not isinstance(binary, bool):
-            raise BadRequest(f"output {name!r}: binary_data must be true or false")
-        result.append((name, binary))
+        p = _params(o.get("parameters"), f"output {o['name']!r} 'parameters'")
+        result.append(requested_output(o["name"], p, names, binary_default))
     return result
+
+
+def requested_output(name: str, params: Mapping[str, Any], names: Sequence[str], binary_default: bool) -> tuple[str, bool]:
+    """(name, binary) of one requested output, checked against the model's outputs."""
+    if name not in names:
+        raise BadRequest(f"unknown output {name!r} requested; the model's outputs are {list(names)}")
+    if "classification" in params:
+        raise BadRequest(f"output {name!r}: the classification extension is not supported")
+    binary = params.get("binary_data", binary_default)
+    if not isinstance(binary, bool):
+        raise BadRequest(f"output {name!r}: binary_data must be true or false")
+    return name, binary
+
+
+def to_raw(arr: np.ndarray) -> bytes:
+    """A tensor's raw form: little-endian values, or BYTES elements each after its 4-byte length."""
+    if arr.dtype.kind in "OSU":
+        return pack_bytes(arr)
+    return np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
 
 
 def encode_infer_response(
@@ -209,10 +227,7 @@ def encode_infer_response(
         arr = np.asarray(results[name])
         doc: dict[str, Any] = {"name": name, "datatype": oip_datatype(arr.dtype), "shape": list(arr.shape)}
         if binary:
-            if arr.dtype.kind in "OSU":
-                blob = _pack_bytes(arr)
-            else:
-                blob = np.ascontiguousarray(arr, dtype=arr.dtype.newbyteorder("<")).tobytes()
+            blob = to_raw(arr)
             doc["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)
         elif arr.dtype.kind in "biuf":

@@ -25,7 +25,7 @@ from kubetrt.runtime.accuracy import CALIBRATED_PRECISIONS, Tolerance, check_hel
 from kubetrt.runtime.package import HeldOut, Manifest, TensorSpec, load_golden, load_heldout, read_manifest
 
 from .batcher import BatchComputeError, Batcher, BatcherClosed, BatcherConfig, DeadlineExceeded, QueueFull
-from .errors import BadRequest, ComputeFailed, NotFound, Timeout, Unavailable
+from .errors import BadRequest, ComputeFailed, NotFound, Overloaded, Timeout, Unavailable
 from .metrics import ModelMetrics, ServingMetrics
 
 logger = logging.getLogger("kubetrt.serving")
@@ -60,6 +60,9 @@ class ServingConfig:
     request_timeout_s: float = 30.0
     max_body_bytes: int = 64 << 20
     golden_check: bool = True
+    grpc_port: int | None = None  # the OIP gRPC endpoint's port (0: any free one); None: no gRPC
+    grpc_host: str = "127.0.0.1"
+    graceful_timeout_s: float = 30.0  # on shutdown, how long in-flight gRPC calls may take
 
 
 HELDOUT_CHECK_SAMPLES = 64  # enough to catch a broken engine at load, few enough to load fast
@@ -242,7 +245,7 @@ class ServedModel:
         try:
             return await self.batcher.submit(feeds, deadline=time.monotonic() + timeout)
         except QueueFull as e:
-            raise Unavailable(str(e), retry_after_s=1) from None
+            raise Overloaded(str(e), retry_after_s=1) from None
         except BatcherClosed as e:
             raise Unavailable(str(e), retry_after_s=5) from None
         except DeadlineExceeded:

@@ -32,7 +32,7 @@ def _sizes(value: str) -> tuple[int, ...]:
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    p = subparsers.add_parser("serve", help="serve model packages over HTTP (KServe V2 / OIP and TF Serving REST)")
+    p = subparsers.add_parser("serve", help="serve model packages: OIP (KServe V2) REST and gRPC, TF Serving REST")
     p.add_argument("packages", nargs="+", metavar="PACKAGE",
                    help="model packages: directories, file:// or s3:// URIs")
     add_source_arguments(p)
@@ -40,6 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--model-version", default=None, help="serve the model as this version (default: the package's)")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--grpc-port", type=int, default=8081,
+                   help="port of the OIP gRPC endpoint (inference.GRPCInferenceService); 0: any free port")
+    p.add_argument("--no-grpc", action="store_true", help="serve REST only")
     p.add_argument("--device", default="auto", choices=("auto", "host", "cuda", "tensorrt"),
                    help="device runtime; auto lets the runtime pick the best one on this node")
     p.add_argument("--max-batch-size", type=_positive, default=32, help="1 turns dynamic batching off")
@@ -116,6 +119,9 @@ def run(args: argparse.Namespace) -> int:
         request_timeout_s=args.request_timeout_s,
         max_body_bytes=args.max_body_bytes,
         golden_check=not args.no_golden_check,
+        grpc_port=None if args.no_grpc else args.grpc_port,
+        grpc_host=args.host,
+        graceful_timeout_s=args.graceful_timeout_s,
     )
     app = create_app(model_sources(args), config)
     return serve(uvicorn_config(app, args.host, args.port, verbose=args.verbose,

@@ -1,0 +1,41 @@
+"""What every transport (REST, gRPC) does around one inference call: find the model, and count the
+call in its metrics, so both report the same requests the same way."""
+from __future__ import annotations
+
+import time
+from typing import Awaitable, Callable, TypeVar
+
+from .errors import NotFound, ServingError
+from .metrics import UNKNOWN_MODEL
+from .registry import ModelRegistry, ServedModel
+
+T = TypeVar("T")
+OUTCOME_BY_STATUS = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "unavailable", 504: "timeout"}
+
+
+def lookup(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
+    try:
+        return registry.get(name, version)
+    except NotFound:
+        registry.metrics.requests.labels(UNKNOWN_MODEL, "not_found").inc()
+        raise
+
+
+async def tracked(served: ServedModel, handle: Callable[[], Awaitable[T]]) -> T:
+    """Run one inference call with in-flight, duration and outcome metrics for its model."""
+    m = served.metrics
+    m.inflight.inc()
+    t0 = time.perf_counter()
+    try:
+        result = await handle()
+    except ServingError as e:
+        m.outcome[OUTCOME_BY_STATUS.get(e.status, "error")].inc()
+        raise
+    except BaseException:
+        m.outcome["error"].inc()
+        raise
+    finally:
+        m.inflight.dec()
+        m.request_duration.observe(time.perf_counter() - t0)
+    m.outcome["success"].inc()
+    return result

@@ -1,0 +1,46 @@
+"""The Open Inference Protocol's gRPC messages, from predict_v2.proto compiled by protoc into a
+descriptor set (predict_v2.binpb), loaded into a descriptor pool of kubetrt's own.
+
+Why not protoc's generated _pb2 modules: they register the protocol's names ('inference.*') in
+protobuf's default pool, as tritonclient's, KServe's and MLServer's copies of the same protocol
+do, and two registrations in one process fail at import. A pool of our own never meets theirs;
+the wire format, which is all a client sees, is the same.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+SERVICE = "inference.GRPCInferenceService"
+DESCRIPTOR_SET = Path(__file__).with_name("predict_v2.binpb")
+
+_pool = descriptor_pool.DescriptorPool()
+for _file in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_bytes()).file:
+    _pool.Add(_file)
+
+
+def message_class(name: str) -> Any:
+    """The message class of `inference.<name>` (nested ones as 'Outer.Inner')."""
+    return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"inference.{name}"))
+
+
+ServerLiveRequest = message_class("ServerLiveRequest")
+ServerLiveResponse = message_class("ServerLiveResponse")
+ServerReadyRequest = message_class("ServerReadyRequest")
+ServerReadyResponse = message_class("ServerReadyResponse")
+ModelReadyRequest = message_class("ModelReadyRequest")
+ModelReadyResponse = message_class("ModelReadyResponse")
+ServerMetadataRequest = message_class("ServerMetadataRequest")
+ServerMetadataResponse = message_class("ServerMetadataResponse")
+ModelMetadataRequest = message_class("ModelMetadataRequest")
+ModelMetadataResponse = message_class("ModelMetadataResponse")
+ModelInferRequest = message_class("ModelInferRequest")
+ModelInferResponse = message_class("ModelInferResponse")
+
+# rpc name -> (request class, response class), as the service declares them
+METHODS: dict[str, tuple[Any, Any]] = {
+    m.name: (message_class(m.input_type.name), message_class(m.output_type.name))
+    for m in _pool.FindServiceByName(SERVICE).methods
+}
