@@ -6,7 +6,9 @@ messages that name the tensor, and pydantic models on the hot path would only ad
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -29,6 +31,10 @@ from .registry import ModelLike, ModelRegistry, ModelSource, ServingConfig, time
 logger = logging.getLogger("kubetrt.serving")
 
 JSON = "application/json"
+# Bodies from this size on are decoded on a codec thread: the scanner releases the GIL, so the loop
+# goes on serving other requests meanwhile; smaller ones cost less than the hand-off.
+OFFLOAD_BYTES = 128 << 10
+_codec_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubetrt-codec")
 
 
 def create_app(
@@ -155,7 +161,11 @@ def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig
 
         async def handle() -> Response:
             body = await read_body(request, config.max_body_bytes)
-            req = oip.decode_infer_request(body, _header_length(request), served.inputs, served.outputs)
+            decode = functools.partial(oip.decode_infer_request, body, _header_length(request), served.inputs, served.outputs)
+            if len(body) >= OFFLOAD_BYTES:
+                req = await asyncio.get_running_loop().run_in_executor(_codec_pool, decode)
+            else:
+                req = decode()
             results = await served.infer(req.feeds, timeout_from_params(req.parameters))
             payload, header_length = oip.encode_infer_response(served.name, served.version, req, results)
             if header_length is None:

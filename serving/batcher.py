@@ -1,25 +1,26 @@
-"""Dynamic batcher: an asyncio front that queues requests, one thread that merges them, and the
-runtime's futures that complete them.
+"""Dynamic batcher: an asyncio front that queues requests, and the runtime's futures that complete
+them; no thread of its own.
 
-Why a thread behind an asyncio front: the serving event loop must never block, and forming a
-batch waits on a bounded queue with timed waits. That thread merges queued requests whose inputs
-agree on all but the batch dimension (np.concatenate on dim 0) and starts one run:
-`compute(feeds)` returns a concurrent.futures.Future (the runtime Model's `predict_async`). The
-run's completion callback splits the outputs back and resolves the requests' asyncio futures, so
-no thread waits on a result. At most `workers` batches are in flight: the next batch is formed
-only once a slot is free, so under load requests keep accumulating into larger batches. Policy,
-in order:
+A request that finds the engine idle (a free slot, nothing queued) starts its run at once, from the
+event loop's thread: `compute(feeds)` returns a concurrent.futures.Future (the runtime Model's
+`predict_async`), so starting costs a hand-off, not the run. Requests that arrive while every slot
+is busy queue up; when a run completes, its callback resolves its requests, then forms the next
+batch from what queued meanwhile (requests whose inputs agree on all but the batch dimension,
+np.concatenate on dim 0) and starts it, in the thread that completed the run. So batches form
+from what queued while the engine was busy, and nothing waits for company: at one client a
+request pays no delay, under load batches grow with the queue. Policy for the next batch:
 
-- nothing else waiting: dispatch at once (no added latency at concurrency 1);
-- the batch reached `max_batch_size` or a preferred size: dispatch (a full batch is cut to its
-  largest preferred prefix, as Triton forms preferred sizes first);
-- otherwise, while other requests are arriving, wait for more up to `max_queue_delay_us` after
-  the oldest request was queued, then dispatch the largest preferred prefix (or everything).
+- take queued requests in order, merging compatible ones, up to `max_batch_size` rows; a full
+  batch is cut to its largest preferred prefix, as Triton forms preferred sizes first;
+- `max_queue_delay_us` (0 by default) lets a batch formed after a busy run wait up to that long
+  after its oldest request was queued for more requests, until it is full.
 
-Back-pressure: the queue holds at most `max_queue_size` requests; beyond that `submit` raises
-`QueueFull` at once instead of buffering without bound. A request past its deadline fails with
-`DeadlineExceeded` and is never computed if it had not started. A compute error (raised when the
-run starts, or carried by its Future) fails only the requests of that batch; batching carries on.
+Back-pressure: the queue holds at most `max_queue_size` requests, and takes none whose deadline
+comes before the queued work is likely done (rows queued times the measured seconds per row);
+past either, `submit` raises `QueueFull` at once instead of letting the request time out. A
+request past its deadline fails with `DeadlineExceeded` and is never computed if it had not
+started. A compute error (raised when the run starts, or carried by its Future) fails only the
+requests of that batch; batching carries on.
 """
 from __future__ import annotations
 
@@ -69,7 +70,7 @@ class BatchObserver(Protocol):
 @dataclass(frozen=True)
 class BatcherConfig:
     max_batch_size: int = 32
-    max_queue_delay_us: int = 500
+    max_queue_delay_us: int = 0
     preferred_batch_sizes: tuple[int, ...] = ()
     max_queue_size: int = 1024
     workers: int = 1  # batches in flight at once
@@ -139,33 +140,28 @@ class Batcher:
         self._observer = observer
         self.name = name
         self._queue: collections.deque[_Request] = collections.deque()
+        self._queued_rows = 0
         self._cond = threading.Condition(threading.Lock())
         self._closed = False
         self._in_flight = 0  # batches started and not yet resolved; at most config.workers
-        self._former: threading.Thread | None = None
+        self._timer_armed = False
+        self._seconds_per_row = 0.0  # moving average over runs: how long the queued work will take
         self.compute_calls = 0
         self._preferred = sorted(set(config.preferred_batch_sizes), reverse=True)
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "Batcher":
-        with self._cond:
-            if self._former is None:
-                self._former = threading.Thread(target=self._form_batches, name=f"batcher-{self.name}", daemon=True)
-                self._former.start()
         return self
 
     def close(self, timeout: float | None = None) -> None:
-        """Stop taking requests, dispatch what is queued, and wait until every batch in flight
-        has resolved its requests."""
-        deadline = None if timeout is None else time.monotonic() + timeout
+        """Stop taking requests and wait until every queued request and batch in flight has been
+        resolved (queued ones run as slots free)."""
         with self._cond:
             self._closed = True
-            self._cond.notify_all()
-        if self._former is not None:
-            self._former.join(timeout)
+            batches = self._take_batches(force=True)
+        self._dispatch_all(batches)
         with self._cond:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            self._cond.wait_for(lambda: self._in_flight == 0, left)
+            self._cond.wait_for(lambda: self._in_flight == 0 and not self._queue, timeout)
 
     @property
     def queued(self) -> int:
@@ -183,16 +179,20 @@ class Batcher:
         rows, key = rk if rk is not None else (1, None)
         if not self.batchable:
             key = None
-        req = _Request(feeds, rows, key, loop.create_future(), loop, time.monotonic(), deadline)
+        now = time.monotonic()
+        req = _Request(feeds, rows, key, loop.create_future(), loop, now, deadline)
         with self._cond:
             if self._closed:
                 raise BatcherClosed(f"model {self.name} is shutting down")
-            if len(self._queue) >= self.config.max_queue_size:
-                raise QueueFull(
-                    f"model {self.name}: queue is full ({self.config.max_queue_size} requests waiting)"
-                )
-            self._queue.append(req)
-            self._cond.notify()
+            if self._in_flight < self.config.workers and not self._queue:
+                self._in_flight += 1  # idle: this request runs now, alone
+                batches = [[req]]
+            else:
+                self._admit(req, now)
+                self._queue.append(req)
+                self._queued_rows += rows
+                batches = self._take_batches() if self._in_flight < self.config.workers else []
+        self._dispatch_all(batches)
         if deadline is not None:
             req.timer = loop.call_at(loop.time() + (deadline - time.monotonic()), _expire, req)
         try:
@@ -201,51 +201,65 @@ class Batcher:
             if req.timer is not None:
                 req.timer.cancel()
 
+    def _admit(self, req: _Request, now: float) -> None:
+        """Refuse (QueueFull) a request the queue has no room or no time for; lock held."""
+        if len(self._queue) >= self.config.max_queue_size:
+            raise QueueFull(f"model {self.name}: queue is full ({self.config.max_queue_size} requests waiting)")
+        if req.deadline is not None and self._seconds_per_row > 0:
+            wait = (self._queued_rows + req.rows) * self._seconds_per_row
+            if now + wait > req.deadline:
+                raise QueueFull(
+                    f"model {self.name}: {len(self._queue)} requests ({self._queued_rows} rows) are queued, "
+                    f"about {wait:.3g} s of work, more than this request's deadline allows"
+                )
+
     # -- forming batches ---------------------------------------------------------------------------
-    def _form_batches(self) -> None:
-        while True:
-            batch = self._next_batch()
+    def _take_batches(self, force: bool = False) -> list[list[_Request]]:
+        """Batches for every free slot from what is queued; lock held. A batch short of full waits
+        (a timer comes back) while max_queue_delay_us allows, unless `force`."""
+        batches = []
+        while self._in_flight < self.config.workers and self._queue:
+            batch = self._take_batch(force or self._closed)
             if batch is None:
-                return
-            self._dispatch(batch)
-
-    def _next_batch(self) -> list[_Request] | None:
-        """Wait for a free slot, then for a batch; None once closed and drained."""
-        with self._cond:
-            self._cond.wait_for(lambda: self._in_flight < self.config.workers)
-            batch = self._take_batch()
-            if batch is not None:
-                self._in_flight += 1
-            return batch
-
-    def _take_batch(self) -> list[_Request] | None:
-        """The batching policy; called with the lock held."""
-        cfg = self.config
-        while True:
-            head = self._pop_live()
-            if head is not None:
                 break
-            if self._closed:
-                return None
-            self._cond.wait()
+            self._in_flight += 1
+            batches.append(batch)
+        return batches
+
+    def _take_batch(self, force: bool) -> list[_Request] | None:
+        head = self._pop_live()
+        if head is None:
+            return None
         batch = [head]
-        if head.key is None or head.rows >= cfg.max_batch_size:
+        if head.key is None or head.rows >= self.config.max_batch_size:
+            self._queued_rows -= head.rows
             return batch
-        rows = head.rows
-        wait_until = head.enqueued + cfg.max_queue_delay_us * 1e-6
-        while True:
-            rows = self._gather(batch, rows)
-            if rows >= cfg.max_batch_size or rows in self._preferred:
-                return self._trim_to_preferred(batch, rows)  # a full batch too: preferred sizes first
-            # Wait only when traffic is concurrent (someone besides the head showed up).
-            remaining = wait_until - time.monotonic()
-            if len(batch) == 1 or remaining <= 0 or self._closed:
-                break
-            before = len(self._queue)
-            self._cond.wait(remaining)
-            if len(self._queue) == before and time.monotonic() >= wait_until:
-                break
-        return self._trim_to_preferred(batch, rows)
+        rows = self._gather(batch, head.rows)
+        delay = self.config.max_queue_delay_us * 1e-6
+        if not force and delay > 0 and rows < self.config.max_batch_size:
+            left = head.enqueued + delay - time.monotonic()
+            if left > 0:  # put it back as it was and come back when the delay is up
+                self._queue.extendleft(reversed(batch))
+                self._arm_timer(head.loop, left)
+                return None
+        batch = self._trim_to_preferred(batch, rows)
+        self._queued_rows -= sum(r.rows for r in batch)
+        return batch
+
+    def _arm_timer(self, loop: asyncio.AbstractEventLoop, after: float) -> None:
+        if self._timer_armed:
+            return
+        self._timer_armed = True
+        try:
+            loop.call_soon_threadsafe(loop.call_later, after, self._timer_fired)
+        except RuntimeError:  # the loop is closed: nobody is waiting
+            self._timer_armed = False
+
+    def _timer_fired(self) -> None:
+        with self._cond:
+            self._timer_armed = False
+            batches = self._take_batches()
+        self._dispatch_all(batches)
 
     def _pop_live(self) -> _Request | None:
         q = self._queue
@@ -253,6 +267,7 @@ class Batcher:
             req = q.popleft()
             if not req.future.done():  # skip cancelled / expired ones
                 return req
+            self._queued_rows -= req.rows
         return None
 
     def _gather(self, batch: list[_Request], rows: int) -> int:
@@ -265,6 +280,7 @@ class Batcher:
         while q:
             req = q.popleft()
             if req.future.done():
+                self._queued_rows -= req.rows
                 continue
             if req.key == key and rows + req.rows <= limit:
                 batch.append(req)
@@ -289,12 +305,14 @@ class Batcher:
             if size in prefix:
                 n = prefix[size]
                 self._queue.extendleft(reversed(batch[n:]))
-                if len(batch) > n:
-                    self._cond.notify()
                 return batch[:n]
         return batch
 
     # -- running batches -------------------------------------------------------------------------
+    def _dispatch_all(self, batches: list[list[_Request]]) -> None:
+        for batch in batches:
+            self._dispatch(batch)
+
     def _dispatch(self, batch: list[_Request]) -> None:
         """Start the batch's run; its completion callback resolves the requests."""
         start = time.monotonic()
@@ -320,11 +338,12 @@ class Batcher:
 
     def _finish(self, batch: list[_Request], start: float, results: list[Outputs] | None,
                 error: BaseException | None) -> None:
-        """Count and observe the run, resolve the batch's requests, then free its slot."""
-        with self._cond:
-            self.compute_calls += 1
+        """Count and observe the run, resolve the batch's requests, then start the next batch from
+        what queued meanwhile."""
+        seconds = time.monotonic() - start
+        rows = sum(r.rows for r in batch)
         try:
-            self._observe(batch, start, time.monotonic() - start)
+            self._observe(batch, start, seconds)
             if error is not None:
                 wrapped = BatchComputeError(
                     f"model {self.name} failed on a batch of {len(batch)} request(s): {type(error).__name__}: {error}"
@@ -335,8 +354,14 @@ class Batcher:
                 _resolve(batch, results, None)
         finally:
             with self._cond:
+                self.compute_calls += 1
+                if error is None:
+                    per_row = seconds / max(rows, 1)
+                    self._seconds_per_row = per_row if self._seconds_per_row == 0 else 0.8 * self._seconds_per_row + 0.2 * per_row
                 self._in_flight -= 1
+                batches = self._take_batches()
                 self._cond.notify_all()
+            self._dispatch_all(batches)
 
     def _observe(self, batch: list[_Request], start: float, compute_seconds: float) -> None:
         if self._observer is None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Awaitable, Callable, TypeVar
 
-from .errors import NotFound, ServingError
+from .errors import NotFound, Overloaded, ServingError
 from .metrics import UNKNOWN_MODEL
 from .registry import ModelRegistry, ServedModel
 
@@ -29,7 +29,7 @@ async def tracked(served: ServedModel, handle: Callable[[], Awaitable[T]]) -> T:
     try:
         result = await handle()
     except ServingError as e:
-        m.outcome[OUTCOME_BY_STATUS.get(e.status, "error")].inc()
+        m.outcome["overloaded" if isinstance(e, Overloaded) else OUTCOME_BY_STATUS.get(e.status, "error")].inc()
         raise
     except BaseException:
         m.outcome["error"].inc()

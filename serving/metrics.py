@@ -14,7 +14,7 @@ LATENCY_BUCKETS = (
     0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
 )
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
-OUTCOMES = ("success", "bad_request", "not_found", "too_large", "unavailable", "timeout", "error")
+OUTCOMES = ("success", "bad_request", "not_found", "too_large", "unavailable", "overloaded", "timeout", "error")
 UNKNOWN_MODEL = "_unknown"  # one label value for every unknown name: clients can't blow up cardinality
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
@@ -45,6 +45,7 @@ class ServingMetrics:
             "kubetrt_batch_requests", "Requests merged per runtime call", ["model"], buckets=BATCH_BUCKETS, registry=r
         )
         self.inflight = Gauge("kubetrt_inflight_requests", "Inference requests in progress", ["model"], registry=r)
+        self.queue_depth = Gauge("kubetrt_queue_depth", "Requests waiting in the model's batcher queue", ["model"], registry=r)
         self.ready = Gauge("kubetrt_model_ready", "1 when the model passed its golden warm-up", ["model"], registry=r)
 
     def for_model(self, model: str) -> "ModelMetrics":
@@ -66,6 +67,7 @@ class ModelMetrics:
         self.batch_size = m.batch_size.labels(model)
         self.batch_requests = m.batch_requests.labels(model)
         self.inflight = m.inflight.labels(model)
+        self.queue_depth = m.queue_depth.labels(model)
         self.ready = m.ready.labels(model)
 
     def on_batch(self, rows: int, requests: int, queue_seconds: Sequence[float], compute_seconds: float) -> None:

@@ -220,6 +220,8 @@ class ServedModel:
             observer=self.metrics,
             name=self.name,
         ).start()
+        batcher = self.batcher
+        self.metrics.queue_depth.set_function(lambda: batcher.queued)
         self.state, self.reason = State.READY, "ready"
         self.metrics.ready.set(1)
         log(logger, logging.INFO, "model ready", model=self.name, version=self.version, device=self.device,

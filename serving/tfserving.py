@@ -3,7 +3,7 @@
 """
 from __future__ import annotations
 
-import json
+import orjson
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -36,7 +36,7 @@ def decode_predict(
 ) -> tuple[dict[str, np.ndarray], bool]:
     """-> (feeds, columnar). Row format stacks per-instance values on a new dim 0."""
     try:
-        doc = json.loads(body)
+        doc = orjson.loads(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"malformed JSON in the request body: {e}") from None
     if not isinstance(doc, dict):
@@ -109,9 +109,9 @@ def encode_predict(results: Mapping[str, np.ndarray], outputs: Sequence[TensorSp
             if len(names) == 1
             else {n: json_value(results[n]) for n in names}
         )
-        return json.dumps({"outputs": value}, separators=(",", ":")).encode()
+        return orjson.dumps({"outputs": value})
     if len(names) == 1:
-        return json.dumps({"predictions": json_value(results[names[0]])}, separators=(",", ":")).encode()
+        return orjson.dumps({"predictions": json_value(results[names[0]])})
     lists = {n: json_value(results[n]) for n in names}
     rows = {len(v) if isinstance(v, list) else -1 for v in lists.values()}
     if len(rows) != 1 or -1 in rows:
@@ -120,7 +120,7 @@ def encode_predict(results: Mapping[str, np.ndarray], outputs: Sequence[TensorSp
         )
     (n_rows,) = rows
     predictions = [{n: lists[n][i] for n in names} for i in range(n_rows)]
-    return json.dumps({"predictions": predictions}, separators=(",", ":")).encode()
+    return orjson.dumps({"predictions": predictions})
 
 
 def _tensor_info(t: TensorSpec) -> dict[str, Any]:

@@ -46,11 +46,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="auto", choices=("auto", "host", "cuda", "tensorrt"),
                    help="device runtime; auto lets the runtime pick the best one on this node")
     p.add_argument("--max-batch-size", type=_positive, default=32, help="1 turns dynamic batching off")
-    p.add_argument("--max-queue-delay-us", type=_non_negative, default=500,
-                   help="longest a request waits for others to batch with while traffic is concurrent")
+    p.add_argument("--max-queue-delay-us", type=_non_negative, default=0,
+                   help="how long a batch formed after a busy run may wait for more requests to fill it "
+                        "(a request that finds the engine idle never waits)")
     p.add_argument("--preferred-batch-sizes", type=_sizes, default=(), metavar="N[,N...]")
     p.add_argument("--max-queue-size", type=_positive, default=1024,
-                   help="requests queued per model before answering 503 + Retry-After")
+                   help="requests queued per model before answering 503 + Retry-After (gRPC: RESOURCE_EXHAUSTED)")
     p.add_argument("--batch-workers", type=_positive, default=1, help="batches in flight per model")
     p.add_argument("--request-timeout-s", type=float, default=30.0, help="per-request deadline")
     p.add_argument("--max-body-bytes", type=_positive, default=64 << 20, help="larger request bodies get 413")
