@@ -69,8 +69,9 @@ GPU_COMPUTE_MAJOR_LABEL = "nvidia.com/gpu.compute.major"
 GPU_COMPUTE_MINOR_LABEL = "nvidia.com/gpu.compute.minor"
 GPU_MEMORY_LABEL = "nvidia.com/gpu.memory"
 
-# The HTTP port serving pods listen on and their Service exposes.
+# The HTTP port serving pods listen on and their Service exposes, and the OIP gRPC port beside it.
 SERVING_PORT = 8080
+SERVING_GRPC_PORT = 8081
 # Where a build Job's container writes its JSON result (terminationMessagePath, `kubetrt build`'s default).
 TERMINATION_LOG = "/dev/termination-log"
 

@@ -40,7 +40,7 @@ CONFIG = OperatorConfig(serving_image=SERVING_IMAGE, builder_image=BUILDER_IMAGE
 HOST_FP32 = TOLERANCES[("fp32", "host")]  # atol = rtol, as verification of host fp32 engines uses
 LIMITS = {"cpu": "1", "memory": "2Gi"}  # what a user sets on the CPU target (spec.targets[].resources)
 NUMBA_FALLBACK = "numba cache fallback"  # runtime/kernels/jit.py's one log line
-USER_PORT = 8081
+USER_PORT = 8090
 
 
 def _now() -> str:
@@ -161,6 +161,7 @@ def serving(model: PipelineModel, operator: Operator, build: Build) -> Iterator[
         pytest.fail(f"no verified engine to serve: {build.engine_build['status']}", pytrace=False)
     dep = objects.serving_deployment(operator.md, operator.spec, operator.target, build.engine_build, CONFIG)
     _port_free(names.SERVING_PORT)
+    _port_free(names.SERVING_GRPC_PORT)
     say(f"playing the serving Deployment {dep['metadata']['name']} from {SERVING_IMAGE} (podman kube play)")
     played = kube_play(dep, model.root)
     try:
@@ -195,6 +196,25 @@ def test_serving_answers_like_tensorflow_tritonclient(model: PipelineModel, serv
                   f"max abs error vs TensorFlow {err:.2e} (tolerance {HOST_FP32:g})", flush=True)
             assert response["model_name"] == serving.model_name
             np.testing.assert_allclose(got, ref, rtol=HOST_FP32, atol=HOST_FP32, err_msg=f"output {name}")
+
+
+def test_serving_answers_like_tensorflow_tritonclient_grpc(model: PipelineModel, serving: Serving) -> None:
+    import tritonclient.grpc as triton
+
+    client = triton.InferenceServerClient(f"127.0.0.1:{names.SERVING_GRPC_PORT}")
+    assert client.is_server_ready() and client.is_model_ready(serving.model_name, serving.model_version)
+    feeds = []
+    for name, x in model.inputs.items():
+        feed = triton.InferInput(name, list(x.shape), "FP32")
+        feed.set_data_from_numpy(x)
+        feeds.append(feed)
+    result = client.infer(serving.model_name, feeds, model_version=serving.model_version, client_timeout=60)
+    for name, ref in sorted(model.tensorflow.items()):
+        got = result.as_numpy(name)
+        err = float(np.max(np.abs(got.astype(np.float64) - ref)))
+        print(f"tritonclient (gRPC): output {name} shape {list(got.shape)} max abs error vs TensorFlow {err:.2e} "
+              f"(tolerance {HOST_FP32:g})", flush=True)
+        np.testing.assert_allclose(got, ref, rtol=HOST_FP32, atol=HOST_FP32, err_msg=f"output {name}")
 
 
 def test_serving_answers_like_tensorflow_tf_serving_rest(model: PipelineModel, serving: Serving) -> None:
@@ -250,7 +270,7 @@ def user_deployment(package_dir: Path) -> dict[str, Any]:
                         "name": "server",
                         "image": SERVING_IMAGE,
                         "command": ["kubetrt", "serve", "/models/example-cnn", "--host", "0.0.0.0",
-                                    "--port", str(USER_PORT)],
+                                    "--port", str(USER_PORT), "--grpc-port", str(USER_PORT + 1)],
                         "ports": [{"containerPort": USER_PORT}],
                         "securityContext": {"readOnlyRootFilesystem": True, "allowPrivilegeEscalation": False},
                         "volumeMounts": [{"name": "model", "mountPath": "/models/example-cnn", "readOnly": True}],
