@@ -37,6 +37,7 @@ from kubetrt.operators.names import (
     LABEL_MD,
     LABEL_TARGET,
     MANAGED_BY,
+    SERVING_GRPC_PORT,
     SERVING_PORT,
     TERMINATION_LOG,
     dns_label,
@@ -46,6 +47,7 @@ from kubetrt.operators.names import (
 from kubetrt.runtime.target import CPU_PRODUCT, BatchProfile, Target
 
 CACHE_DIR = "/var/cache/kubetrt"  # emptyDir where serving pods assemble package + engine
+PRESTOP_SLEEP_SECONDS = 5  # a serving pod's preStop sleep (Kubernetes 1.30+ sleep action)
 
 Obj = dict[str, Any]
 
@@ -360,7 +362,7 @@ def serve_command(package: str, store: str, engine_key: str, backend: str, model
     batching = spec["batching"]
     cmd = ["kubetrt", "serve", package, "--store", store, "--engine-key", engine_key, "--cache-dir", CACHE_DIR,
            "--model-name", model["name"], "--model-version", str(model["version"]),
-           "--device", backend, "--host", "0.0.0.0", "--port", str(SERVING_PORT),
+           "--device", backend, "--host", "0.0.0.0", "--port", str(SERVING_PORT), "--grpc-port", str(SERVING_GRPC_PORT),
            "--max-batch-size", str(batching["maxBatchSize"]),
            "--max-queue-delay-us", str(batching["maxQueueDelayMicroseconds"])]
     if batching.get("preferredBatchSizes"):
@@ -392,7 +394,8 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
         "image": image.get("serving") or config.serving_image,
         "imagePullPolicy": image.get("pullPolicy") or config.pull_policy,
         "command": serve_command(pkg, store, engine_key, eb_target["backend"], eb_spec["model"], spec),
-        "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"}],
+        "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"},
+                  {"name": "grpc", "containerPort": SERVING_GRPC_PORT, "protocol": "TCP"}],
         "env": env,
         "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
         "resources": resources,
@@ -403,6 +406,9 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
         # Loading/deserializing an engine can take minutes: liveness starts after this succeeds.
         "startupProbe": {"httpGet": {"path": "/v2/health/live", **probe}, "periodSeconds": 5,
                          "failureThreshold": 120},
+        # Endpoints drop a terminating pod while it still runs: it keeps answering for this long
+        # before SIGTERM, so requests already routed to it are not refused during a rollout.
+        "lifecycle": {"preStop": {"sleep": {"seconds": PRESTOP_SLEEP_SECONDS}}},
         "securityContext": _container_security(),
         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}, {"name": "cache", "mountPath": CACHE_DIR},
                          *mounts1, *mounts2],
@@ -458,7 +464,9 @@ def service(md: Mapping[str, Any]) -> Obj:
         "spec": {
             "type": "ClusterIP",
             "selector": {LABEL_MD: label_value(md_name), LABEL_APP_COMPONENT: "serving"},
-            "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http", "protocol": "TCP"}],
+            "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"},
+                      {"name": "grpc", "port": SERVING_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
+                       "appProtocol": "grpc"}],
         },
     }
 
