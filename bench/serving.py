@@ -1,286 +1,740 @@
-"""Serving benchmark: bounded closed-loop load on a real `kubetrt serve` process.
+"""Serving benchmark: `kubetrt serve` against the model servers people pick instead, on the same
+model.onnx, driven by external load generators.
 
-    python bench/serving.py [PACKAGE] [--seconds 3] [--concurrency 1,8,64]
+    bench/peers/setup.sh                       # once: the peers' venvs, wrk and ghz (see there)
+    python bench/serving.py [--models small_cnn mobilenet_v2] [--protocols json,binary,grpc]
+                            [--clients 1,16,64] [--seconds 10] [--warmup 3]
+                            [--servers kubetrt,mlserver,kserve,triton]
 
-Starts the server twice in a subprocess (batching on: --max-batch-size N; off: --max-batch-size 1)
-so the load generator (asyncio + httpx, batch-1 OIP requests with the binary tensor extension,
-bodies pre-encoded) never shares a GIL with it. Each cell runs `--seconds` after a short warm-up
-and reports throughput, p50 and p99. Also reported, against the targets:
-- throughput ratio on/off at the highest concurrency (target >= 4x),
-- p99 with batching vs max queue delay + 3x the mean batch compute time the server measured
-  (its kubetrt_compute_duration_seconds histogram over the cell),
-- server overhead at concurrency 1: end-to-end p50 minus the runtime's own model.predict p50 for
-  one row, measured in this process (target <= 1 ms).
-Without PACKAGE, the small CNN is built (or taken from the cache) by the test zoo.
+Servers (each in its own venv under ~/.cache/kubetrt-bench/peers; one up at a time):
+- kubetrt: `kubetrt serve PACKAGE --port P [--grpc-port G]` on the test zoo's package, at its
+  defaults (dynamic batching up to 32 rows; a request that finds the engine idle runs at once).
+- mlserver: Seldon MLServer 1.7.1, a custom MLModel running onnxruntime (peers/mlserver_onnx.py),
+  its default inference pool (parallel_workers 1), adaptive batching on: max_batch_size 32,
+  max_batch_time 500 us (0 turns MLServer's batcher off, so the shortest window that batches).
+- kserve: KServe 0.21.0 `kserve.ModelServer` (one worker) with a `kserve.Model` running
+  onnxruntime (peers/kserve_onnx.py); its server has no batcher of its own, so none.
+- triton: tritonserver from the nvidia-pytriton 0.7.0 wheel (C++ HTTP and gRPC front ends, its
+  dynamic batcher with max_batch_size 32 and its default queue delay of 0: it batches what queued
+  while the model was busy), the model a Python callable running onnxruntime
+  (peers/pytriton_onnx.py).
+Every peer runs one model instance of onnxruntime with default session options.
+
+Protocols, all Open Inference Protocol V2 with batch-1 requests pre-encoded once:
+- json: REST, the tensor as a flat JSON `data` list (floats as Python's json.dumps writes them);
+- binary: REST with the binary tensor extension (Inference-Header-Content-Length, raw FP32 body,
+  binary_data_output asked for); a server that refuses it is printed as not supporting it;
+- grpc: inference.GRPCInferenceService/ModelInfer with raw_input_contents.
+REST load comes from wrk (one thread, N connections, a Lua script POSTing the body and counting
+statuses), gRPC load from ghz (N workers on N connections, one CPU, the request message
+binary-encoded). Each cell is a warm-up run, then a measured run of --seconds; after each run one
+more request is awaited, so that the next starts on an idle server (a load generator that stops
+leaves its last requests in flight). Latency percentiles are the load generator's: wrk's over
+every answered request (503s included), ghz's over the OK ones; nan where nothing was answered
+within the run. Non-2xx (503s and RESOURCE_EXHAUSTED apart), socket errors and timeouts are
+counted separately, and req/s counts only 2xx/OK answers. Before a server's cells, each
+protocol's answer is checked against onnxruntime's own outputs for the same input; a protocol that
+answers wrongly or not at all is not timed and prints the reason. The last tables give kubetrt's
+req/s over the best peer's per cell (above 1: kubetrt serves more) and, at one client, each
+server's p50 minus its engine's in-process time.
 """
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
-import re
+import os
+import platform
+import shutil
+import signal
+import socket
 import subprocess
 import sys
-import threading
+import tempfile
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-import httpx
 import numpy as np
 
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+PEERS_DIR = HERE / "peers"
+CACHE = Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
+MODELS = ("small_cnn", "mobilenet_v2")
+PROTOCOLS = ("json", "binary", "grpc")
+SERVERS = ("kubetrt", "mlserver", "kserve", "triton")
+MAX_BATCH = 32  # rows per batch for the peers that batch (kubetrt serve's default --max-batch-size)
+TRITON_QUEUE_DELAY_US = 0  # Triton's default: batch what queued while the model was busy, never wait
+MLSERVER_BATCH_TIME_S = 0.0005  # MLServer turns its batcher off at 0, so the shortest window that batches
+RTOL, ATOL = 1e-3, 1e-5
+START_TIMEOUT_S = 300.0
+DTYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64"}
+
+
+# --------------------------------------------------------------------------- the model and its requests
+
+
+@dataclass
+class Model:
+    """One zoo model as every server serves it: names and shapes from the package's manifest."""
+
+    name: str
+    package: Path
+    onnx: Path
+    inputs: list[dict[str, Any]]  # [{name, shape, dtype}]
+    outputs: list[dict[str, Any]]
+    x: dict[str, np.ndarray]  # one batch-1 request
+    expected: dict[str, np.ndarray]  # onnxruntime's outputs for it
+
+
+def load_model(name: str) -> Model:
+    """The zoo's package for `name` (built or taken from the cache) and onnxruntime's answer."""
+    sys.path.insert(0, str(HERE))
+    import _bootstrap  # noqa: F401  kubetrt importable from this checkout
+    from _zoo import zoo
+
+    import onnxruntime as ort
+    from kubetrt.runtime.package import read_manifest
+
+    package = zoo().package(name)
+    manifest = read_manifest(package)
+    rng = np.random.default_rng(0)
+    inputs = [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": np.dtype(t.dtype).name} for t in manifest.inputs]
+    outputs = [{"name": t.name, "shape": [int(d) for d in t.shape], "dtype": np.dtype(t.dtype).name} for t in manifest.outputs]
+    x = {t["name"]: rng.random([1 if i == 0 or d < 0 else d for i, d in enumerate(t["shape"])]).astype(t["dtype"])
+         for t in inputs}
+    session = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
+    got = session.run(None, {i.name: x[t["name"]] for t, i in zip(inputs, session.get_inputs())})
+    return Model(name, package, package / "model.onnx", inputs, outputs, x,
+                 {t["name"]: v for t, v in zip(outputs, got)})
+
+
+@dataclass
+class Bodies:
+    """The pre-encoded batch-1 request of each protocol, on disk for the load generators."""
+
+    json: Path
+    binary: Path
+    binary_header_length: int
+    grpc: Path
+
+
+def json_body(model: Model) -> bytes:
+    return json.dumps({"inputs": [
+        {"name": t["name"], "shape": list(model.x[t["name"]].shape), "datatype": DTYPES[t["dtype"]],
+         "data": model.x[t["name"]].ravel().tolist()} for t in model.inputs]}).encode()
+
+
+def binary_body(model: Model) -> tuple[bytes, int]:
+    header = json.dumps({
+        "inputs": [{"name": t["name"], "shape": list(model.x[t["name"]].shape), "datatype": DTYPES[t["dtype"]],
+                    "parameters": {"binary_data_size": model.x[t["name"]].nbytes}} for t in model.inputs],
+        "outputs": [{"name": t["name"], "parameters": {"binary_data": True}} for t in model.outputs],
+        "parameters": {"binary_data_output": True},
+    }).encode()
+    return header + b"".join(model.x[t["name"]].tobytes() for t in model.inputs), len(header)
+
+
+# Protocol buffers by hand: the few fields of ModelInferRequest/Response the bench sends and reads
+# (field numbers as in peers/oip_infer.proto), so the check needs no generated code.
+
+def _varint(n: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte, n = n & 0x7F, n >> 7
+        out.append(byte | (0x80 if n else 0))
+        if not n:
+            return bytes(out)
+
+
+def _bytes_field(number: int, data: bytes) -> bytes:
+    return _varint(number << 3 | 2) + _varint(len(data)) + data
+
+
+def grpc_request(model: Model) -> bytes:
+    """ModelInferRequest: model_name, one InferInputTensor per input, raw_input_contents."""
+    msg = _bytes_field(1, model.name.encode())
+    for t in model.inputs:
+        v = model.x[t["name"]]
+        shape = b"".join(_varint(d) for d in v.shape)
+        msg += _bytes_field(5, _bytes_field(1, t["name"].encode()) + _bytes_field(2, DTYPES[t["dtype"]].encode())
+                            + _bytes_field(3, shape))
+    for t in model.inputs:
+        msg += _bytes_field(7, model.x[t["name"]].tobytes())
+    return msg
+
+
+def _fields(data: bytes) -> list[tuple[int, int, Any]]:
+    """(field number, wire type, value) for each field of a message, in order."""
+    out: list[tuple[int, int, Any]] = []
+    i = 0
+    while i < len(data):
+        key, i = _read_varint(data, i)
+        number, wire = key >> 3, key & 7
+        value: int | bytes
+        if wire == 0:
+            value, i = _read_varint(data, i)
+        elif wire == 2:
+            n, i = _read_varint(data, i)
+            value, i = data[i:i + n], i + n
+        elif wire == 5:
+            value, i = data[i:i + 4], i + 4
+        elif wire == 1:
+            value, i = data[i:i + 8], i + 8
+        else:
+            raise ValueError(f"protobuf wire type {wire} not expected")
+        out.append((number, wire, value))
+    return out
+
+
+def _read_varint(data: bytes, i: int) -> tuple[int, int]:
+    n = shift = 0
+    while True:
+        b = data[i]
+        i += 1
+        n |= (b & 0x7F) << shift
+        shift += 7
+        if not b & 0x80:
+            return n, i
+
+
+def grpc_outputs(response: bytes) -> dict[str, np.ndarray]:
+    """The output tensors of a ModelInferResponse, from raw_output_contents or fp32_contents."""
+    fields = _fields(response)
+    raws = [v for n, _, v in fields if n == 6]
+    out = {}
+    for k, (_, _, tensor) in enumerate(f for f in fields if f[0] == 5):
+        name, values = "", None
+        shape: list[int] = []
+        for n, wire, v in _fields(tensor):
+            if n == 1:
+                name = v.decode()
+            elif n == 3:
+                shape.extend([v] if wire == 0 else _packed_varints(v))
+            elif n == 5:
+                floats = [v2 for n2, _, v2 in _fields(v) if n2 == 6]
+                values = np.frombuffer(b"".join(floats), "<f4") if floats else None
+        if values is None:
+            values = np.frombuffer(raws[k], "<f4")
+        out[name] = values.reshape(shape)
+    return out
+
+
+def _packed_varints(data: bytes) -> list[int]:
+    out, i = [], 0
+    while i < len(data):
+        v, i = _read_varint(data, i)
+        out.append(v)
+    return out
+
+
+def write_bodies(model: Model, folder: Path) -> Bodies:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "request.json").write_bytes(json_body(model))
+    binary, header_length = binary_body(model)
+    (folder / "request.bin").write_bytes(binary)
+    (folder / "request.pb").write_bytes(grpc_request(model))
+    return Bodies(folder / "request.json", folder / "request.bin", header_length, folder / "request.pb")
+
+
+# --------------------------------------------------------------------------- servers
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def peer_python(venv: str) -> Path:
+    python = CACHE / "peers" / venv / "bin" / "python"
+    if not python.exists():
+        raise FileNotFoundError(f"{python} missing: run bench/peers/setup.sh {venv}")
+    return python
+
+
+@dataclass
+class Server:
+    """One server process (a process group: tritonserver and MLServer's workers are children)."""
+
+    kind: str
+    model: Model
+    http_port: int = field(default_factory=free_port)
+    grpc_port: int = field(default_factory=free_port)
+    metrics_port: int = field(default_factory=free_port)
+    device: str = "host"  # kubetrt's; the peers run onnxruntime on the CPU
+    grpc: bool = True
+    grpc_missing: str = ""
+    proc: subprocess.Popen[bytes] | None = None
+    log: Path | None = None
+
+    def peer_settings(self) -> dict[str, Any]:
+        return {"name": self.model.name, "onnx": str(self.model.onnx), "inputs": self.model.inputs,
+                "outputs": self.model.outputs, "http_port": self.http_port, "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port, "max_batch_size": MAX_BATCH, "max_queue_delay_us": TRITON_QUEUE_DELAY_US}
+
+    def command(self, work: Path) -> tuple[list[str], dict[str, str]]:
+        env = dict(os.environ, PYTHONPATH=str(PEERS_DIR), KUBETRT_BENCH_PEER=json.dumps(self.peer_settings()))
+        if self.kind == "kubetrt":
+            kubetrt = Path(sys.executable).parent / "kubetrt"
+            cmd = [str(kubetrt), "serve", str(self.model.package), "--host", "127.0.0.1", "--port", str(self.http_port),
+                   "--device", self.device]
+            help_text = subprocess.run([str(kubetrt), "serve", "--help"], capture_output=True, text=True).stdout
+            if "--grpc-port" in help_text:
+                cmd += ["--grpc-port", str(self.grpc_port)]
+            else:
+                self.grpc, self.grpc_missing = False, "kubetrt serve has no --grpc-port yet"
+            return cmd, dict(os.environ)
+        if self.kind == "mlserver":
+            models = work / "models"
+            (models / self.model.name).mkdir(parents=True, exist_ok=True)
+            (models / "settings.json").write_text(json.dumps({
+                "host": "127.0.0.1", "http_port": self.http_port, "grpc_port": self.grpc_port,
+                "metrics_port": self.metrics_port}))
+            (models / self.model.name / "model-settings.json").write_text(json.dumps({
+                "name": self.model.name, "implementation": "mlserver_onnx.OnnxRuntimeModel",
+                "max_batch_size": MAX_BATCH, "max_batch_time": MLSERVER_BATCH_TIME_S}))
+            return [str(peer_python("mlserver").parent / "mlserver"), "start", str(models)], env
+        if self.kind == "kserve":
+            return [str(peer_python("kserve")), str(PEERS_DIR / "kserve_onnx.py")], env
+        if self.kind == "triton":
+            python = peer_python("pytriton")
+            libdir = (python.parent.parent / "libpython-dir").read_text().strip()
+            env["LD_LIBRARY_PATH"] = ":".join(p for p in (libdir, env.get("LD_LIBRARY_PATH", "")) if p)
+            return [str(python), str(PEERS_DIR / "pytriton_onnx.py")], env
+        raise ValueError(self.kind)
+
+    def start(self, work: Path) -> None:
+        import httpx
+
+        cmd, env = self.command(work)
+        self.log = work / f"{self.kind}.log"
+        with open(self.log, "wb") as log:
+            self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=work,
+                                         start_new_session=True)
+        url = f"http://127.0.0.1:{self.http_port}/v2/models/{self.model.name}/ready"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"{self.kind} exited ({self.proc.returncode}):\n{self.log_tail()}")
+            try:
+                if httpx.get(url, timeout=2).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{self.kind} not ready after {START_TIMEOUT_S:.0f} s:\n{self.log_tail()}")
+            time.sleep(0.25)
+
+    def log_tail(self, lines: int = 30) -> str:
+        if self.log is None or not self.log.exists():
+            return ""
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+
+    def stop(self) -> None:
+        """SIGTERM to the server's process group, SIGKILL to what is left after 20 s."""
+        if self.proc is None:
+            return
+        for sig, wait in ((signal.SIGTERM, 20.0), (signal.SIGKILL, 5.0)):
+            try:
+                os.killpg(self.proc.pid, sig)
+            except ProcessLookupError:
+                return
+            try:
+                self.proc.wait(wait)
+                os.killpg(self.proc.pid, 0)  # the leader is gone; are its children?
+                time.sleep(0.5)
+            except (subprocess.TimeoutExpired, ProcessLookupError):
+                pass
+
+
+# --------------------------------------------------------------------------- checks
+
+
+def close(got: dict[str, np.ndarray], model: Model) -> str:
+    """'' where every output matches onnxruntime's within tolerance, else what differs."""
+    for t in model.outputs:
+        ref = model.expected[t["name"]]
+        if t["name"] not in got:
+            return f"no output {t['name']!r} in the answer (got {sorted(got)})"
+        value = np.asarray(got[t["name"]], dtype=ref.dtype).reshape(-1)
+        if value.size != ref.size:
+            return f"output {t['name']!r} has {value.size} values, expected {ref.size}"
+        if not np.allclose(value, ref.reshape(-1), rtol=RTOL, atol=ATOL):
+            return f"output {t['name']!r} differs from onnxruntime's by up to {np.abs(value - ref.reshape(-1)).max():.3g}"
+    return ""
+
+
+def rest_outputs(status: int, headers: Any, content: bytes) -> dict[str, np.ndarray]:
+    """The outputs of an OIP REST answer, JSON or with the binary extension's raw tail."""
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {content[:300]!r}")
+    length = headers.get("inference-header-content-length")
+    header = json.loads(content[:int(length)] if length else content)
+    tail = content[int(length):] if length else b""
+    out, offset = {}, 0
+    for o in header["outputs"]:
+        size = (o.get("parameters") or {}).get("binary_data_size")
+        if size is not None:
+            out[o["name"]] = np.frombuffer(tail[offset:offset + size], "<f4").reshape(o["shape"])
+            offset += size
+        else:
+            out[o["name"]] = np.asarray(o["data"], np.float32).reshape(o["shape"])
+    return out
+
+
+def check(server: Server, protocol: str, bodies: Bodies) -> str:
+    """'' where the server answers this protocol's request as onnxruntime does, else why not."""
+    import httpx
+
+    model = server.model
+    try:
+        if protocol == "grpc":
+            if not server.grpc:
+                return server.grpc_missing
+            import grpc
+
+            with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
+                call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
+                got = grpc_outputs(call(bodies.grpc.read_bytes(), timeout=60))
+        else:
+            url = f"http://127.0.0.1:{server.http_port}/v2/models/{model.name}/infer"
+            if protocol == "json":
+                r = httpx.post(url, content=bodies.json.read_bytes(), headers={"Content-Type": "application/json"}, timeout=60)
+            else:
+                r = httpx.post(url, content=bodies.binary.read_bytes(), timeout=60, headers={
+                    "Content-Type": "application/octet-stream",
+                    "Inference-Header-Content-Length": str(bodies.binary_header_length)})
+                if r.status_code != 200:
+                    return f"no binary tensor extension (HTTP {r.status_code}: {r.text.splitlines()[-1][:120] if r.text else ''})"
+            got = rest_outputs(r.status_code, r.headers, r.content)
+    except Exception as err:  # noqa: BLE001 - any failure is this protocol's reason, printed, not raised
+        return f"{type(err).__name__}: {str(err)[:300]}"
+    wrong = close(got, model)
+    return f"wrong answer: {wrong}" if wrong else ""
+
+
+# --------------------------------------------------------------------------- load
 
 
 @dataclass
 class Cell:
-    mode: str
-    concurrency: int
-    requests: int
-    errors: int
-    seconds: float
-    p50_ms: float
-    p99_ms: float
-    mean_batch: float
-    compute_ms: float  # mean server-side compute per batch over the cell
-    server_ms: float  # mean time a request spent in the server's handler (queue + compute + codecs)
+    server: str
+    model: str
+    protocol: str
+    clients: int
+    rps: float = float("nan")
+    p50_ms: float = float("nan")
+    p99_ms: float = float("nan")
+    ok: int = 0
+    non2xx: int = 0  # answered with another status (503 / RESOURCE_EXHAUSTED apart)
+    unavailable: int = 0  # 503 / RESOURCE_EXHAUSTED: overload answered
+    errors: int = 0  # socket or transport errors
+    timeouts: int = 0
+    missing: str = ""  # why the cell was not measured
 
-    @property
-    def rps(self) -> float:
-        return self.requests / self.seconds
+
+WRK_LUA = r"""
+local f = assert(io.open(os.getenv("BENCH_BODY"), "rb"))
+wrk.method = "POST"
+wrk.body = f:read("*a")
+f:close()
+wrk.headers["Content-Type"] = os.getenv("BENCH_CONTENT_TYPE")
+local hlen = os.getenv("BENCH_HEADER_LENGTH")
+if hlen ~= nil and hlen ~= "" then wrk.headers["Inference-Header-Content-Length"] = hlen end
+
+local threads = {}
+function setup(thread) table.insert(threads, thread) end
+function init(args) ok = 0; unavailable = 0; other = 0 end
+function response(status, headers, body)
+  if status == 503 then unavailable = unavailable + 1
+  elseif status >= 200 and status < 300 then ok = ok + 1
+  else other = other + 1 end
+end
+function done(summary, latency, requests)
+  local n_ok, n_unavailable, n_other = 0, 0, 0
+  for _, t in ipairs(threads) do
+    n_ok = n_ok + t:get("ok"); n_unavailable = n_unavailable + t:get("unavailable"); n_other = n_other + t:get("other")
+  end
+  local e = summary.errors
+  io.write(string.format('BENCH {"requests": %d, "duration_us": %d, "ok": %d, "unavailable": %d, "other": %d, ' ..
+    '"socket_errors": %d, "timeouts": %d, "p50_us": %d, "p99_us": %d}\n', summary.requests, summary.duration,
+    n_ok, n_unavailable, n_other, e.connect + e.read + e.write, e.timeout,
+    latency:percentile(50), latency:percentile(99)))
+end
+"""
 
 
-class Server:
-    def __init__(self, package: Path, args: list[str]) -> None:
-        cmd = [sys.executable, "-m", "kubetrt.cli", "-v", "serve", str(package), "--port", "0", *args]
-        self.proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-        self.url = ""
-        found = threading.Event()
-        self.log: list[str] = []
+def drain(server: Server, bodies: Bodies) -> None:
+    """Wait for one more JSON request's answer: the requests a load generator left in flight when it
+    stopped (their connections closed, the server still working through them) are done by then, so
+    the next run starts on an idle server instead of inheriting the last one's backlog."""
+    import httpx
 
-        def pump() -> None:
-            assert self.proc.stderr is not None
-            for line in self.proc.stderr:
-                self.log.append(line)
-                m = re.search(r"running on (http://[\d.]+:\d+)", line)
-                if m:
-                    self.url = m.group(1)
-                    found.set()
-            found.set()
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{server.model.name}/infer"
+    try:
+        httpx.post(url, content=bodies.json.read_bytes(), headers={"Content-Type": "application/json"}, timeout=600)
+    except httpx.HTTPError:
+        pass
 
-        threading.Thread(target=pump, daemon=True).start()
-        if not found.wait(120) or not self.url:
-            raise RuntimeError("server did not start:\n" + "".join(self.log))
-        deadline = time.monotonic() + 120
-        while httpx.get(self.url + "/v2/health/ready").status_code != 200:
-            if time.monotonic() > deadline:
-                raise RuntimeError("server not ready:\n" + "".join(self.log))
-            time.sleep(0.05)
 
-    def metric_sums(self, model: str) -> dict[str, float]:
-        text = httpx.get(self.url + "/metrics").text
+def wrk_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup: float, timeout: float,
+             work: Path) -> None:
+    lua = work / "post.lua"
+    lua.write_text(WRK_LUA)
+    body, ctype, hlen = ((bodies.json, "application/json", "") if cell.protocol == "json"
+                         else (bodies.binary, "application/octet-stream", str(bodies.binary_header_length)))
+    env = dict(os.environ, BENCH_BODY=str(body), BENCH_CONTENT_TYPE=ctype, BENCH_HEADER_LENGTH=hlen)
+    url = f"http://127.0.0.1:{server.http_port}/v2/models/{cell.model}/infer"
+
+    def run(duration: float) -> dict[str, Any]:
+        cmd = ["wrk", "-t1", f"-c{cell.clients}", f"-d{max(1, round(duration))}s", f"--timeout={timeout:g}s",
+               "-s", str(lua), url]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=duration + timeout + 60)
+        line = next((ln for ln in out.stdout.splitlines() if ln.startswith("BENCH ")), None)
+        if line is None:
+            raise RuntimeError(f"wrk printed no result: {out.stdout[-300:]} {out.stderr[-300:]}")
+        return json.loads(line[6:])
+
+    if warmup > 0:
+        run(warmup)
+        drain(server, bodies)
+    r = run(seconds)
+    drain(server, bodies)
+    cell.ok, cell.unavailable, cell.non2xx = r["ok"], r["unavailable"], r["other"]
+    cell.errors, cell.timeouts = r["socket_errors"], r["timeouts"]
+    cell.rps = r["ok"] / (r["duration_us"] / 1e6)
+    if r["requests"]:
+        cell.p50_ms, cell.p99_ms = r["p50_us"] / 1e3, r["p99_us"] / 1e3
+
+
+def ghz_binary() -> str:
+    found = shutil.which("ghz") or str(CACHE / "bin" / "ghz")
+    if not Path(found).exists():
+        raise FileNotFoundError(f"ghz missing: run bench/peers/setup.sh tools (looked on PATH and in {CACHE / 'bin'})")
+    return found
+
+
+def ghz_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup: float, timeout: float) -> None:
+    def run(duration: float) -> dict[str, Any]:
+        cmd = [ghz_binary(), "--insecure", "--proto", str(PEERS_DIR / "oip_infer.proto"),
+               "--call", "inference.GRPCInferenceService.ModelInfer", "--binary-file", str(bodies.grpc),
+               "-c", str(cell.clients), "--connections", str(cell.clients), "-z", f"{max(1, round(duration))}s",
+               "--timeout", f"{timeout:g}s", "--cpus", "1", "-O", "json", f"127.0.0.1:{server.grpc_port}"]
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + timeout + 60)
+        if not out.stdout.strip():
+            raise RuntimeError(f"ghz printed no result: {out.stderr[-300:]}")
+        return json.loads(out.stdout)
+
+    if warmup > 0:
+        run(warmup)
+        drain(server, bodies)
+    r = run(seconds)
+    drain(server, bodies)
+    codes: dict[str, int] = r.get("statusCodeDistribution") or {}
+    cell.ok = codes.get("OK", 0)
+    cell.unavailable = codes.get("ResourceExhausted", 0)
+    cell.timeouts = codes.get("DeadlineExceeded", 0)
+    # When the duration ends ghz cancels the calls in flight and closes its connections under them
+    # (Canceled, or Unavailable "use of closed network connection"): the client's doing, not counted
+    own = codes.get("Canceled", 0) + sum(n for msg, n in (r.get("errorDistribution") or {}).items()
+                                         if "use of closed network connection" in msg)
+    cell.errors = max(0, codes.get("Unavailable", 0) + codes.get("Canceled", 0) - own)
+    cell.non2xx = sum(codes.values()) - cell.ok - cell.unavailable - cell.timeouts - cell.errors - own
+    cell.rps = cell.ok / (r["total"] / 1e9)
+    lat = {int(d["percentage"]): d["latency"] / 1e6 for d in r.get("latencyDistribution") or []}
+    cell.p50_ms, cell.p99_ms = lat.get(50, float("nan")), lat.get(99, float("nan"))
+
+
+# --------------------------------------------------------------------------- the run
+
+
+def engine_p50_ms(model: Model, device: str, seconds: float = 2.0) -> dict[str, float]:
+    """In-process batch-1 median of kubetrt's runtime and of onnxruntime on the same input, each
+    in a subprocess of its own (no thread pool left spinning here), the least of four windows'
+    medians (a shared machine's noisy spells land in some): what serving adds is a cell's one-client
+    p50 minus this."""
+    code = (
+        "import sys, time, json, numpy as np\n"
+        "sys.path.insert(0, sys.argv[1]); import _bootstrap\n"
+        "x = dict(np.load(sys.argv[3]))\n"
+        "if sys.argv[2] == 'onnxruntime':\n"
+        "    import onnxruntime as ort\n"
+        "    s = ort.InferenceSession(sys.argv[4], providers=['CPUExecutionProvider'])\n"
+        "    feed = {i.name: v for i, v in zip(s.get_inputs(), x.values())}\n"
+        "    run = lambda: s.run(None, feed)\n"
+        "else:\n"
+        "    from kubetrt.runtime import load_model\n"
+        "    m = load_model(sys.argv[4], sys.argv[2])\n"
+        "    run = lambda: m.predict(x)\n"
+        "for _ in range(10): run()\n"
+        "medians = []\n"
+        "for _ in range(4):\n"
+        "    ts, end = [], time.perf_counter() + float(sys.argv[5]) / 4\n"
+        "    while time.perf_counter() < end or len(ts) < 5:\n"
+        "        t0 = time.perf_counter(); run(); ts.append(time.perf_counter() - t0)\n"
+        "    medians.append(float(np.median(ts)))\n"
+        "print(json.dumps(min(medians) * 1e3))\n"
+    )
+    with tempfile.TemporaryDirectory() as tmp:
+        np.savez(Path(tmp) / "x.npz", **model.x)  # type: ignore[arg-type]
         out = {}
-        for name in ("kubetrt_batch_size", "kubetrt_compute_duration_seconds", "kubetrt_request_duration_seconds"):
-            for suffix in ("sum", "count"):
-                m = re.search(rf'^{name}_{suffix}{{model="{re.escape(model)}"}} (\S+)$', text, re.M)
-                out[f"{name}_{suffix}"] = float(m.group(1)) if m else 0.0
-        return out
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
+        for engine, path in (("kubetrt", model.package), ("onnxruntime", model.onnx)):
+            r = subprocess.run([sys.executable, "-c", code, str(HERE), device if engine == "kubetrt" else engine,
+                                str(Path(tmp) / "x.npz"), str(path), str(seconds)], capture_output=True, text=True)
+            out[engine] = float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else float("nan")
+    return out
 
 
-def request_body(name: str, x: np.ndarray) -> tuple[bytes, dict[str, str]]:
-    header = json.dumps({
-        "inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape),
-                    "parameters": {"binary_data_size": x.nbytes}}],
-        "parameters": {"binary_data_output": True},
-    }).encode()
-    return header + x.tobytes(), {"Inference-Header-Content-Length": str(len(header)),
-                                  "Content-Type": "application/octet-stream"}
+def progress(msg: str) -> None:
+    print(f"[serving] {msg}", file=sys.stderr, flush=True)
 
 
-WIRE_MS = float("nan")
-CONNECTIONS_PER_CLIENT = 8  # httpcore's pool scans every connection per request: keep pools small
-
-
-async def closed_loop(url: str, model: str, body: bytes, headers: dict[str, str], concurrency: int,
-                      warmup_s: float, seconds: float) -> tuple[list[float], int, float]:
-    """`concurrency` workers, each sending its next request when the last one returned."""
-    n_clients = -(-concurrency // CONNECTIONS_PER_CLIENT)
-    per = min(concurrency, CONNECTIONS_PER_CLIENT)
-    clients = [httpx.AsyncClient(base_url=url, timeout=60,
-                                 limits=httpx.Limits(max_connections=per, max_keepalive_connections=per))
-               for _ in range(n_clients)]
-    latencies: list[float] = []
-    errors = 0
-    path = f"/v2/models/{model}/infer"
-    start = time.perf_counter()
-    measure_from, stop_at = start + warmup_s, start + warmup_s + seconds
-
-    async def worker(client: httpx.AsyncClient) -> None:
-        nonlocal errors
-        while True:
-            t0 = time.perf_counter()
-            if t0 >= stop_at:
-                return
-            r = await client.post(path, content=body, headers=headers)
-            t1 = time.perf_counter()
-            if t0 >= measure_from and t1 <= stop_at:
-                if r.status_code == 200:
-                    latencies.append(t1 - t0)
-                else:
-                    errors += 1
-
+def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[str], clients: list[int],
+                      seconds: float, warmup: float, timeout: float, work: Path, device: str) -> list[Cell]:
+    """One server up, its answers checked, its cells measured, the server stopped."""
+    cells = [Cell(kind, model.name, p, c) for p in protocols for c in clients]
+    server = Server(kind, model, device=device)
+    t0 = time.monotonic()
     try:
-        await asyncio.gather(*(worker(clients[i // CONNECTIONS_PER_CLIENT]) for i in range(concurrency)))
-    finally:
-        for c in clients:
-            await c.aclose()
-    return latencies, errors, seconds
-
-
-def wire_p50_ms(url: str, model: str, body: bytes, headers: dict[str, str], n: int = 300) -> float:
-    """c=1 latency seen by a minimal keep-alive HTTP/1.1 socket client: the server's share of the
-    end-to-end time without the client library's (httpx costs milliseconds on a busy 2-core box)."""
-    import socket
-
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    head = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    raw = (f"POST /v2/models/{model}/infer HTTP/1.1\r\nHost: {host}\r\nContent-Length: {len(body)}\r\n{head}\r\n"
-           ).encode() + body
-    ts = []
-    with socket.create_connection((host, int(port))) as sock:
-        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        for i in range(n + 20):
-            t0 = time.perf_counter()
-            sock.sendall(raw)
-            buf = b""
-            while True:
-                buf += sock.recv(1 << 16)
-                head_end = buf.find(b"\r\n\r\n")
-                if head_end >= 0 and not buf.startswith(b"HTTP/1.1 200"):
-                    raise RuntimeError(f"the server answered {buf[:head_end].splitlines()[0].decode()}: "
-                                       f"{buf[head_end + 4:][:300]!r}")
-                if head_end >= 0:
-                    m = re.search(rb"content-length: (\d+)", buf[:head_end], re.I)
-                    if m and len(buf) - head_end - 4 >= int(m.group(1)):
-                        break
-            if i >= 20:
-                ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
-
-
-def one_row(spec: Any) -> np.ndarray:
-    """A batch-1 request tensor for an input of the manifest: its shape and dtype as declared."""
-    shape = [1 if i == 0 or d < 0 else d for i, d in enumerate(spec.shape)]
-    return np.random.default_rng(0).random(shape).astype(spec.dtype)
-
-
-def run_cells(package: Path, model: str, body: bytes, headers: dict[str, str], mode: str, server_args: list[str],
-              concurrencies: list[int], seconds: float) -> list[Cell]:
-    server = Server(package, server_args)
-    cells = []
+        server.start(work)
+    except Exception as err:  # noqa: BLE001 - a server that does not start is reported in its cells
+        server.stop()
+        for c in cells:
+            c.missing = f"did not start: {str(err).splitlines()[0][:200]}"
+        progress(f"{kind} {model.name}: {err}")
+        return cells
+    progress(f"{kind} {model.name}: ready in {time.monotonic() - t0:.1f} s")
     try:
-        if mode == "on":
-            global WIRE_MS
-            WIRE_MS = wire_p50_ms(server.url, model, body, headers)
-        for c in concurrencies:
-            before = server.metric_sums(model)
-            lat, errors, secs = asyncio.run(closed_loop(server.url, model, body, headers, c, min(1.0, seconds / 3), seconds))
-            after = server.metric_sums(model)
-            d = {k: after[k] - before[k] for k in after}
-            n_batches = max(d["kubetrt_batch_size_count"], 1)
-            lat_ms = np.asarray(lat) * 1e3 if lat else np.asarray([np.nan])
-            cells.append(Cell(mode, c, len(lat), errors, secs, float(np.percentile(lat_ms, 50)),
-                              float(np.percentile(lat_ms, 99)), d["kubetrt_batch_size_sum"] / n_batches,
-                              d["kubetrt_compute_duration_seconds_sum"] / n_batches * 1e3,
-                              d["kubetrt_request_duration_seconds_sum"]
-                              / max(d["kubetrt_request_duration_seconds_count"], 1) * 1e3))
-            print(f"  {mode:<4} c={c:<3} {cells[-1].rps:8.1f} req/s  p50 {cells[-1].p50_ms:7.2f} ms  "
-                  f"p99 {cells[-1].p99_ms:7.2f} ms  batch {cells[-1].mean_batch:5.1f}", file=sys.stderr, flush=True)
+        for protocol in protocols:
+            why = check(server, protocol, bodies)
+            progress(f"{kind} {model.name} {protocol}: {'answers as onnxruntime does' if not why else why}")
+            for cell in (c for c in cells if c.protocol == protocol):
+                if why:
+                    cell.missing = why
+                    continue
+                try:
+                    if protocol == "grpc":
+                        ghz_cell(cell, server, bodies, seconds, warmup, timeout)
+                    else:
+                        wrk_cell(cell, server, bodies, seconds, warmup, timeout, work)
+                except Exception as err:  # noqa: BLE001 - the load generator's failure is this cell's reason
+                    cell.missing = f"{type(err).__name__}: {str(err)[:200]}"
+                if server.proc is not None and server.proc.poll() is not None:
+                    cell.missing = cell.missing or f"server died:\n{server.log_tail(10)}"
+                progress(f"  {kind:<8} {protocol:<6} c={cell.clients:<3} " + (
+                    cell.missing or f"{cell.rps:9.1f} req/s  p50 {cell.p50_ms:8.2f} ms  p99 {cell.p99_ms:8.2f} ms  "
+                                    f"non-2xx {cell.non2xx}  503 {cell.unavailable}  err {cell.errors}  timeouts {cell.timeouts}"))
     finally:
         server.stop()
     return cells
 
 
-def predict_p50_ms(package: Path, device: str, rows: int = 1, runs: int = 200) -> float:
-    from kubetrt.runtime import load_model
+def cpu_line() -> str:
+    """CPU model, cores and the ISA oneDNN dispatches to (as bench/runtime.py reports it)."""
+    model = platform.processor() or "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        from kubetrt.runtime.kernels import onednn
 
-    m = load_model(package, device)
-    x = {m.inputs[0].name: np.random.default_rng(0).random((rows, *m.inputs[0].shape[1:]), dtype=np.float32)}
-    for _ in range(10):
-        m.predict(x)
-    ts = []
-    for _ in range(runs):
-        t0 = time.perf_counter()
-        m.predict(x)
-        ts.append(time.perf_counter() - t0)
-    return float(np.median(ts) * 1e3)
+        isa = onednn.isa_name() if onednn.AVAILABLE else "oneDNN not installed"
+    except Exception as err:  # noqa: BLE001 - the header says why the ISA is unknown
+        isa = f"unknown ({type(err).__name__})"
+    return f"CPU: {model}, {os.cpu_count()} cores, ISA {isa}"
+
+
+def fmt_cell(c: Cell) -> str:
+    if c.missing:
+        return f"{c.server:<9}{'-':>9}  {c.missing.splitlines()[0][:90]}"
+    return (f"{c.server:<9}{c.rps:9.1f}{c.p50_ms:9.2f}{c.p99_ms:9.2f}{c.non2xx:8d}{c.unavailable:7d}"
+            f"{c.errors:7d}{c.timeouts:9d}")
+
+
+def report(cells: list[Cell], models: list[str], protocols: list[str], clients: list[int], servers: list[str]) -> None:
+    print(f"{'model':<14}{'proto':<7}{'clients':>7}  {'server':<9}{'req/s':>9}{'p50 ms':>9}{'p99 ms':>9}"
+          f"{'non-2xx':>8}{'503':>7}{'errors':>7}{'timeouts':>9}")
+    key: dict[tuple[str, str, int, str], Cell] = {(c.model, c.protocol, c.clients, c.server): c for c in cells}
+    for m in models:
+        for p in protocols:
+            for n in clients:
+                for s in servers:
+                    print(f"{m:<14}{p:<7}{n:>7}  {fmt_cell(key[m, p, n, s])}")
+    print("\nkubetrt / best peer, req/s (above 1: kubetrt serves more; the best peer by req/s)")
+    for m in models:
+        for p in protocols:
+            for n in clients:
+                k = key.get((m, p, n, "kubetrt"))
+                peers = [key[m, p, n, s] for s in servers if s != "kubetrt" and not key[m, p, n, s].missing]
+                best = max(peers, key=lambda c: c.rps, default=None)
+                if k is None or k.missing or best is None or not best.rps:
+                    why = "kubetrt not measured" if k is None or k.missing else "no peer measured"
+                    print(f"{m:<14}{p:<7}{n:>7}  {'-':>6}  ({why})")
+                    continue
+                print(f"{m:<14}{p:<7}{n:>7}  {k.rps / best.rps:6.2f}  (kubetrt {k.rps:.1f}/s p99 {k.p99_ms:.2f} ms; "
+                      f"{best.server} {best.rps:.1f}/s p99 {best.p99_ms:.2f} ms)")
+
+
+def csv_list(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None) -> Callable[[str], list[Any]]:
+    def parse(text: str) -> list[Any]:
+        items = [kind(t) for t in text.split(",") if t]
+        bad = [i for i in items if allowed is not None and i not in allowed]
+        if bad:
+            raise argparse.ArgumentTypeError(f"{bad} not among {', '.join(allowed or ())}")
+        return items
+    return parse
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("package", nargs="?", type=Path, help="model package (default: the zoo's small_cnn)")
-    p.add_argument("--seconds", type=float, default=3.0, help="measured seconds per cell")
-    p.add_argument("--concurrency", default="1,8,64")
-    p.add_argument("--max-batch-size", type=int, default=64)
-    p.add_argument("--max-queue-delay-us", type=int, default=500)
-    p.add_argument("--device", default="host")
-    args = p.parse_args(argv)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--protocols", type=csv_list(str, PROTOCOLS), default=list(PROTOCOLS), help="json,binary,grpc")
+    p.add_argument("--clients", type=csv_list(int), default=[1, 16, 64], help="concurrent connections per cell")
+    p.add_argument("--servers", type=csv_list(str, SERVERS), default=list(SERVERS), help=",".join(SERVERS))
+    p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per cell")
+    p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each cell (not counted)")
+    p.add_argument("--timeout", type=float, default=10.0, help="a request unanswered this long counts as a timeout")
+    p.add_argument("--device", default="host", help="kubetrt serve --device (the peers run onnxruntime on the CPU)")
+    a = p.parse_args(argv)
+    for tool in ("wrk",):
+        if shutil.which(tool) is None and {"json", "binary"} & set(a.protocols):
+            p.error(f"{tool} not found: run bench/peers/setup.sh tools")
 
-    package = args.package
-    if package is None:
-        from _zoo import zoo  # bench/_zoo.py: the test zoo's cached small CNN
-
-        package = zoo().package("small_cnn")
-    from kubetrt.runtime.package import read_manifest
-
-    manifest = read_manifest(package)
-    model = manifest.name
-    body, headers = request_body(manifest.inputs[0].name, one_row(manifest.inputs[0]))
-    concurrencies = [int(c) for c in args.concurrency.split(",")]
-    common = ["--device", args.device, "--max-queue-delay-us", str(args.max_queue_delay_us),
-              "--max-queue-size", "4096"]
-
-    predict_ms = predict_p50_ms(package, args.device)
-    predict_max_ms = predict_p50_ms(package, args.device, rows=args.max_batch_size, runs=20)
-    on = run_cells(package, model, body, headers, "on", [*common, "--max-batch-size", str(args.max_batch_size)],
-                   concurrencies, args.seconds)
-    off = run_cells(package, model, body, headers, "off", [*common, "--max-batch-size", "1"], concurrencies, args.seconds)
-
-    print(f"\nkubetrt serving bench: {model} ({package}), device {args.device}, batch-1 OIP binary requests, "
-          f"{args.seconds:g} s per cell, max batch {args.max_batch_size}, max queue delay {args.max_queue_delay_us} us")
-    print(f"runtime model.predict, 1 row, in-process p50: {predict_ms:.3f} ms; "
-          f"{args.max_batch_size} rows: {predict_max_ms:.3f} ms ({predict_max_ms / args.max_batch_size:.3f} ms/row)")
-    print("compute ms = mean server-side runtime call per batch; in-server = mean handler time per request\n")
-    print(f"{'conc':>5} | {'on req/s':>9} {'p50 ms':>8} {'p99 ms':>8} {'batch':>6} {'compute ms':>10} {'in-server':>9} | "
-          f"{'off req/s':>9} {'p50 ms':>8} {'p99 ms':>8} | {'on/off':>6}")
-    for a, b in zip(on, off):
-        print(f"{a.concurrency:>5} | {a.rps:9.1f} {a.p50_ms:8.2f} {a.p99_ms:8.2f} {a.mean_batch:6.1f} {a.compute_ms:10.2f} "
-              f"{a.server_ms:9.2f} | "
-              f"{b.rps:9.1f} {b.p50_ms:8.2f} {b.p99_ms:8.2f} | {a.rps / max(b.rps, 1e-9):5.2f}x")
-    errors = sum(c.errors for c in on + off)
-    hi_on, hi_off = on[-1], off[-1]
-    ratio = hi_on.rps / max(hi_off.rps, 1e-9)
-    bound = args.max_queue_delay_us / 1e3 + 3 * hi_on.compute_ms
-    c1 = next((c for c in on if c.concurrency == 1), None)
-    print()
-    print(f"throughput on/off at c={hi_on.concurrency}: {ratio:.2f}x (target >= 4x) -> {'PASS' if ratio >= 4 else 'MISS'}")
-    print(f"p99 on at c={hi_on.concurrency}: {hi_on.p99_ms:.2f} ms vs queue delay + 3 x batch compute = {bound:.2f} ms "
-          f"-> {'PASS' if hi_on.p99_ms <= bound else 'MISS'}")
-    if c1 is not None:
-        overhead = c1.p50_ms - predict_ms
-        print(f"overhead at c=1 (httpx client): p50 {c1.p50_ms:.3f} ms - predict {predict_ms:.3f} ms = {overhead:.3f} ms "
-              f"(target <= 1 ms) -> {'PASS' if overhead <= 1 else 'MISS'}")
-        wire = WIRE_MS - predict_ms
-        print(f"overhead at c=1 (raw socket client): p50 {WIRE_MS:.3f} ms - predict {predict_ms:.3f} ms = {wire:.3f} ms "
-              f"(target <= 1 ms) -> {'PASS' if wire <= 1 else 'MISS'}")
-    print(f"non-200 responses: {errors}")
+    cells: list[Cell] = []
+    engines: dict[str, dict[str, float]] = {}
+    with tempfile.TemporaryDirectory(prefix="kubetrt-serving-bench-") as tmp:
+        work = Path(tmp)
+        for name in a.models:
+            progress(f"preparing {name}")
+            model = load_model(name)
+            bodies = write_bodies(model, work / name)
+            engines[name] = engine_p50_ms(model, a.device)
+            progress(f"{name} batch 1 in-process p50: " + ", ".join(f"{k} {v:.3f} ms" for k, v in engines[name].items()))
+            for kind in a.servers:
+                server_dir = work / name / kind
+                server_dir.mkdir(parents=True, exist_ok=True)
+                cells += serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
+                                           a.timeout, server_dir, a.device)
+    print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
+          f"servers taking turns; REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s")
+    print(cpu_line())
+    print(f"Python {platform.python_version()} ({sys.executable}), peers in {CACHE / 'peers'}\n")
+    report(cells, a.models, a.protocols, a.clients, a.servers)
+    print(f"\nwhat serving adds at one client: p50 minus the engine's in-process batch-1 p50 (kubetrt on {a.device}, "
+          "the peers on onnxruntime)")
+    for name in a.models:
+        eng = engines[name]
+        print(f"{name}: engine kubetrt {eng['kubetrt']:.3f} ms, onnxruntime {eng['onnxruntime']:.3f} ms")
+        for c in cells:
+            if c.model == name and c.clients == 1 and not c.missing:
+                base = eng["kubetrt"] if c.server == "kubetrt" else eng["onnxruntime"]
+                print(f"  {c.server:<9}{c.protocol:<7} p50 {c.p50_ms:8.2f} ms = engine + {c.p50_ms - base:.2f} ms")
     return 0
 
 
