@@ -101,7 +101,7 @@ def start_server(source: Any, cache_dir: Path, log: Path, timeout_s: float = 90.
     is ready, or RuntimeError with its log tail."""
     port = free_port()
     cmd = [sys.executable, "-m", "kubetrt.cli", "serve", source.package_uri, "--cache-dir", str(cache_dir),
-           "--host", "127.0.0.1", "--port", str(port), "--device", "auto"]
+           "--host", "127.0.0.1", "--port", str(port), "--grpc-port", "0", "--device", "auto"]
     if source.store_uri:
         cmd += ["--store", source.store_uri, "--engine-key", str(source.engine_key)]
     out = open(log, "w")

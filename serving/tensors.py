@@ -14,7 +14,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import BadRequest
-from .json_arrays import ArrayError, NumberArray
+from .json_arrays import LazyArray
 
 # OIP datatype name <-> numpy dtype (BYTES <-> object arrays of bytes).
 OIP_TO_NUMPY: dict[str, np.dtype] = {
@@ -61,18 +61,14 @@ def element_count(shape: Sequence[int]) -> int:
 
 
 def array_from_json(data: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """Nested or flat JSON list (or a NumberArray still in the body) -> array of `dtype`; `what`
+    """Nested or flat JSON list (or a LazyArray left in the body) -> array of `dtype`; `what`
     names the tensor in errors."""
-    if isinstance(data, NumberArray):
+    arr = data.to_numpy(dtype) if isinstance(data, LazyArray) else None
+    if arr is None:
+        if isinstance(data, LazyArray):
+            data = data.to_list()
         if dtype.kind == "O":
-            raise BadRequest(f"{what}: datatype BYTES needs strings, got numbers")
-        try:
-            arr = data.to_numpy(dtype)
-        except ArrayError as e:
-            raise BadRequest(f"{what}: {e}") from None
-    elif dtype.kind == "O":
-        return bytes_array_from_json(data, what)
-    else:
+            return bytes_array_from_json(data, what)
         try:
             arr = np.asarray(data)
         except (ValueError, TypeError) as e:

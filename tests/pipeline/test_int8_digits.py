@@ -112,7 +112,8 @@ def test_served_int8_engine_answers_like_the_verified_one(int8_build: dict[str, 
     log = tmp_path / "serve.log"
     cmd = [sys.executable, "-m", "kubetrt.cli", "serve", f"file://{int8_build['package']}",
            "--store", f"file://{int8_build['store']}", "--engine-key", key, "--cache-dir", str(tmp_path / "cache"),
-           "--model-name", "digits", "--model-version", "1", "--host", "127.0.0.1", "--port", str(port)]
+           "--model-name", "digits", "--model-version", "1", "--host", "127.0.0.1", "--port", str(port),
+           "--grpc-port", "0"]
     with open(log, "w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT)
     try:

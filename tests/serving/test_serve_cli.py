@@ -47,7 +47,8 @@ def serve(tmp_path: Path) -> Iterator:
     def start(*args: str, env: dict[str, str] | None = None) -> Served:
         port = free_port()
         log = tmp_path / f"serve-{port}.log"
-        cmd = [sys.executable, "-m", "kubetrt.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(port)]
+        cmd = [sys.executable, "-m", "kubetrt.cli", "serve", *args, "--host", "127.0.0.1", "--port", str(port),
+               "--grpc-port", "0"]
         with open(log, "w") as out:
             procs.append(subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})}))
         return Served(procs[-1], f"http://127.0.0.1:{port}", log)

@@ -71,7 +71,7 @@ def test_sigterm_finishes_the_in_flight_request_and_exits_0(cnn_package, cnn_mod
 
 def test_cli_serve_answers_and_exits_0_on_sigterm(cnn_package, two_package, cnn_model):
     server = ServerProcess(["-m", "kubetrt.cli", "-v", "serve", str(cnn_package), str(two_package),
-                            "--port", "0", "--device", "host", "--max-batch-size", "8"])
+                            "--port", "0", "--grpc-port", "0", "--device", "host", "--max-batch-size", "8"])
     try:
         server.wait_ready()
         x = cnn_input(2, seed=12)
