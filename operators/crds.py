@@ -35,6 +35,12 @@ INT8_NEEDS_CALIBRATION = ("int8 targets need spec.optimization.calibration.uri: 
 PERCENTILE_NEEDS_METHOD = "spec.optimization.calibration.percentile is only used with method percentile"
 HOLDOUT_FRACTION_RANGE = "spec.optimization.calibration.holdoutFraction must be greater than 0 and less than 1"
 PERCENTILE_RANGE = "spec.optimization.calibration.percentile must be greater than 0 and at most 100"
+# A real API server words a failed oneOf as "must validate one and only one schema (oneOf)", which
+# names neither field: these rules say what a target must hold, in the API server's own error.
+TARGET_KIND = (f"a target sets exactly one of gpuProduct (the GPU's {GPU_PRODUCT_LABEL} label, "
+               "e.g. NVIDIA-H100-80GB-HBM3) or cpu: true")
+TARGET_BACKEND = "CPU targets use backend host; GPU targets use backend cuda or tensorrt"
+BATCH_PROFILE_ORDER = "batchProfile must satisfy min <= opt <= max"
 BUILD_PHASES = ["Pending", "Running", "Succeeded", "Failed"]
 CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady"]
 
@@ -134,7 +140,10 @@ def _batch_profile() -> dict[str, Any]:
         "min": _int("Smallest batch the engine accepts.", minimum=1, default=default.min),
         "opt": _int("Batch size the engine is tuned for.", minimum=1, default=default.opt),
         "max": _int("Largest batch the engine accepts.", minimum=1, default=default.max),
-    }, default={})
+    }, default={}, **_cel(
+        # The API server checks the rule against the default ({}) too, where min, opt and max are absent.
+        "!has(self.min) || !has(self.opt) || !has(self.max) || (self.min <= self.opt && self.opt <= self.max)",
+        BATCH_PROFILE_ORDER))
 
 
 def _target_fields() -> dict[str, Any]:
@@ -154,12 +163,13 @@ def _target_fields() -> dict[str, Any]:
     }
 
 
-def _target_one_of() -> list[dict[str, Any]]:
-    # Exactly one of gpuProduct / cpu; CPU targets run the host backend, GPU targets a GPU backend.
-    return [
-        {"required": ["gpuProduct"], "properties": {"backend": {"enum": GPU_BACKENDS}}},
-        {"required": ["cpu"], "properties": {"backend": {"enum": ["host"]}}},
-    ]
+def _target_rules() -> dict[str, Any]:
+    """Exactly one of gpuProduct / cpu; CPU targets run the host backend, GPU targets a GPU backend."""
+    return {"x-kubernetes-validations": [
+        {"rule": "has(self.gpuProduct) != has(self.cpu)", "message": TARGET_KIND},
+        {"rule": "!has(self.backend) || (has(self.cpu) ? self.backend == 'host' : self.backend != 'host')",
+         "message": TARGET_BACKEND},
+    ]}
 
 
 def _condition() -> dict[str, Any]:
@@ -180,7 +190,7 @@ def model_deployment_spec_schema() -> dict[str, Any]:
         **_target_fields(),
         "replicas": _int("Serving replicas (ignored while autoscaling is enabled).", minimum=0, default=1),
         "resources": _resources(),
-    }, required=["name"], oneOf=_target_one_of())
+    }, required=["name"], **_target_rules())
     return _obj("Desired state: which model package to serve, how to optimize it, on which targets.", {
         "model": _obj("The model to serve.", {
             "name": _str("Model name as served on /v2/models/<name>.", pattern=DNS_LABEL_PATTERN,
@@ -283,7 +293,7 @@ def engine_build_spec_schema() -> dict[str, Any]:
             **_target_fields(),
             "maxBatchSize": _int("Largest batch.", minimum=1, default=32),
             "batchProfile": _batch_profile(),
-        }, required=["name", "backend", "precision"], oneOf=_target_one_of()),
+        }, required=["name", "backend", "precision"], **_target_rules()),
         "store": _obj("Engine store to publish to.", {
             "uri": _uri("Store URI."),
             "credentialsSecret": _str("Secret exposed as env.", maxLength=253),

@@ -46,6 +46,7 @@ class PipelineModel:
     deployment: dict[str, Any]  # the ModelDeployment the pipeline's deploy step wrote
     inputs: dict[str, np.ndarray]
     tensorflow: dict[str, np.ndarray]  # TensorFlow's outputs for `inputs`
+    engines: list[dict[str, Any]]  # the pipeline's engine records (JSON), as its deploy step read them
 
     def model_deployment(self) -> dict[str, Any]:
         return copy.deepcopy(self.deployment)
@@ -84,7 +85,7 @@ def model() -> Iterator[PipelineModel]:
         serving_default = tf.saved_model.load(str(savedmodel)).signatures["serving_default"]
         want = {k: v.numpy() for k, v in serving_default(**{n: tf.constant(x) for n, x in inputs.items()}).items()}
         m = PipelineModel(root, savedmodel, result.package_dir, root / "store", result.model_digest, engine.key,
-                          result.deployment, inputs, want)
+                          result.deployment, inputs, want, [e.to_json() for e in result.engines])
         # Take the engine out of the store (with any staging leftovers): the EngineBuild Job must build it.
         shutil.rmtree(m.store / m.digest / m.key)
         for leftover in (m.store / m.digest).glob(f".{m.key}*"):

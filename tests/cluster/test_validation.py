@@ -1,0 +1,138 @@
+"""The API server itself rejects bad ModelDeployments and EngineBuilds: one case per validation rule
+the CRDs declare (CEL rules and schema constraints), each with the message a user reads in
+`kubectl apply`'s error."""
+from __future__ import annotations
+
+import copy
+import json
+from typing import Any, Callable
+
+import pytest
+import yaml
+
+from kube_cluster import Release, kubectl
+from kubetrt.operators import crds
+
+pytestmark = pytest.mark.cluster
+
+GOOD: dict[str, Any] = {
+    "apiVersion": "kubetrt.io/v1alpha1",
+    "kind": "ModelDeployment",
+    "metadata": {"name": "validation-probe", "namespace": "default"},
+    "spec": {
+        "model": {"name": "resnet", "version": "1", "source": {"uri": "s3://models/resnet/package"}},
+        "store": {"uri": "s3://models/engines"},
+        "targets": [{"name": "h100", "gpuProduct": "NVIDIA-H100-80GB-HBM3", "precision": "fp16"},
+                    {"name": "cpu", "cpu": True}],
+    },
+}
+
+
+def _set(path: str, value: Any) -> Callable[[dict[str, Any]], None]:
+    def change(obj: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = obj
+        for key in parents:
+            node = node[int(key)] if isinstance(node, list) else node.setdefault(key, {})
+        if isinstance(node, list):
+            node[int(last)] = value
+        else:
+            node[last] = value
+    return change
+
+
+def _both(*changes: Callable[[dict[str, Any]], None]) -> Callable[[dict[str, Any]], None]:
+    def change(obj: dict[str, Any]) -> None:
+        for c in changes:
+            c(obj)
+    return change
+
+
+# (case id, change to GOOD, what the API server's message must say)
+CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
+    ("int8-without-calibration", _set("spec.targets.0.precision", "int8"), crds.INT8_NEEDS_CALIBRATION),
+    ("int8-by-default-without-calibration", _set("spec.optimization", {"precision": "int8"}),
+     crds.INT8_NEEDS_CALIBRATION),
+    ("cpu-and-gpu-product", _set("spec.targets.1.gpuProduct", "NVIDIA-A100-SXM4-80GB"), crds.TARGET_KIND),
+    ("neither-cpu-nor-gpu-product", _set("spec.targets.1", {"name": "cpu"}), crds.TARGET_KIND),
+    ("cpu-target-with-gpu-backend", _set("spec.targets.1.backend", "tensorrt"), crds.TARGET_BACKEND),
+    ("invalid-dns-name", _set("metadata.name", "Bad_Name"), "a lowercase RFC 1123 subdomain"),
+    ("invalid-model-name", _set("spec.model.name", "Bad_Model"), "spec.model.name in body should match"),
+    ("invalid-target-name", _set("spec.targets.0.name", "H100!"), "spec.targets[0].name in body should match"),
+    ("negative-batch-size", _set("spec.optimization", {"maxBatchSize": -1}),
+     "spec.optimization.maxBatchSize in body should be greater than or equal to 1"),
+    ("negative-serving-batch-size", _set("spec.batching", {"maxBatchSize": -4}),
+     "spec.batching.maxBatchSize in body should be greater than or equal to 1"),
+    ("batch-profile-order", _set("spec.optimization", {"batchProfile": {"min": 8, "opt": 4, "max": 16}}),
+     crds.BATCH_PROFILE_ORDER),
+    ("negative-replicas", _set("spec.targets.0.replicas", -1), "spec.targets[0].replicas in body should be greater"),
+    ("unknown-precision", _set("spec.targets.0.precision", "int4"), 'Unsupported value: "int4"'),
+    ("uri-without-scheme", _set("spec.model.source.uri", "/models/resnet"), "spec.model.source.uri in body should match"),
+    ("no-targets", _set("spec.targets", []), "spec.targets in body should have at least 1 items"),
+    ("percentile-without-method",
+     _both(_set("spec.targets.0.precision", "int8"),
+           _set("spec.optimization", {"calibration": {"uri": "s3://cal/data", "method": "minmax", "percentile": 99.9}})),
+     crds.PERCENTILE_NEEDS_METHOD),
+    ("percentile-zero",
+     _set("spec.optimization", {"calibration": {"uri": "s3://cal/data", "method": "percentile", "percentile": 0}}),
+     crds.PERCENTILE_RANGE),
+    ("holdout-fraction-one", _set("spec.optimization", {"calibration": {"uri": "s3://cal/data", "holdoutFraction": 1.0}}),
+     crds.HOLDOUT_FRACTION_RANGE),
+    ("missing-store", lambda obj: obj["spec"].pop("store"), 'spec.store: Required value'),
+]
+
+
+def _create(obj: dict[str, Any]) -> tuple[int, str]:
+    proc = kubectl("create", "-f", "-", stdin=yaml.safe_dump(obj), check=False)
+    if proc.returncode == 0:
+        kubectl("delete", obj["kind"].lower(), obj["metadata"]["name"], "-n", "default", "--wait=false", check=False)
+    return proc.returncode, proc.stderr
+
+
+def test_good_object_is_accepted(release: Release) -> None:
+    code, err = _create(copy.deepcopy(GOOD))
+    assert code == 0, err
+
+
+@pytest.mark.parametrize("case,change,message", CASES, ids=[c[0] for c in CASES])
+def test_api_server_rejects(release: Release, case: str, change: Callable[[dict[str, Any]], None],
+                            message: str) -> None:
+    obj = copy.deepcopy(GOOD)
+    change(obj)
+    code, err = _create(obj)
+    print(f"{case}: {err.strip()}", flush=True)
+    assert code != 0, f"{case}: the API server accepted {json.dumps(obj['spec'])}"
+    assert message in err, f"{case}: expected {message!r} in:\n{err}"
+
+
+def test_engine_build_spec_is_immutable(release: Release) -> None:
+    eb = {"apiVersion": "kubetrt.io/v1alpha1", "kind": "EngineBuild",
+          "metadata": {"name": "immutable-probe", "namespace": "default"},
+          "spec": {"modelDeployment": {"name": "x"}, "model": {"name": "x", "packageURI": "s3://m/p"},
+                   "target": {"name": "cpu", "cpu": True, "backend": "host", "precision": "fp32"},
+                   "store": {"uri": "s3://m/e"}, "image": "builder"}}
+    kubectl("create", "-f", "-", stdin=yaml.safe_dump(eb))
+    try:
+        proc = kubectl("patch", "enginebuild", "immutable-probe", "--type=merge", "-p",
+                       json.dumps({"spec": {"image": "other"}}), check=False)
+        assert proc.returncode != 0 and "EngineBuild spec is immutable" in proc.stderr, proc.stderr
+    finally:
+        kubectl("delete", "enginebuild", "immutable-probe", check=False)
+
+
+def test_every_cel_rule_has_a_case() -> None:
+    """A new x-kubernetes-validations rule needs its case here."""
+    messages: list[str] = []
+
+    def walk(schema: Any) -> None:
+        if isinstance(schema, dict):
+            messages.extend(v["message"] for v in schema.get("x-kubernetes-validations", []))
+            for value in schema.values():
+                walk(value)
+        elif isinstance(schema, list):
+            for value in schema:
+                walk(value)
+    for crd in crds.all_crds():
+        walk(crd["spec"]["versions"][0]["schema"])
+    covered = {m for _, _, m in CASES} | {"EngineBuild spec is immutable"}
+    assert sorted(set(messages) - covered) == []
