@@ -6,9 +6,7 @@ messages that name the tensor, and pydantic models on the hot path would only ad
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -24,17 +22,14 @@ from kubetrt.telemetry.logs import log
 
 from . import oip, tfserving
 from .calls import lookup, tracked
-from .errors import BadRequest, PayloadTooLarge, ServingError, Unavailable, error_response
+from .infer_route import InferRoute, read_body
+from .errors import ServingError, Unavailable, error_response
 from .metrics import CONTENT_TYPE, ServingMetrics
-from .registry import ModelLike, ModelRegistry, ModelSource, ServingConfig, timeout_from_params
+from .registry import ModelLike, ModelRegistry, ModelSource, ServingConfig
 
 logger = logging.getLogger("kubetrt.serving")
 
 JSON = "application/json"
-# Bodies from this size on are decoded on a codec thread: the scanner releases the GIL, so the loop
-# goes on serving other requests meanwhile; smaller ones cost less than the hand-off.
-OFFLOAD_BYTES = 128 << 10
-_codec_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubetrt-codec")
 
 
 def create_app(
@@ -80,6 +75,7 @@ def create_app(
     _install_error_handlers(app)
     _add_oip_routes(app, registry, config)
     _add_tfserving_routes(app, registry, config)
+    app.add_middleware(InferRoute, registry=registry, config=config)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -92,27 +88,8 @@ def _json(doc: Any, status: int = 200) -> Response:
     return Response(json.dumps(doc, separators=(",", ":")), status_code=status, media_type=JSON)
 
 
-async def read_body(request: Request, limit: int) -> bytes:
-    """The body, refusing more than `limit` bytes (413); an oversize body is drained, not kept,
-    so the client still reads the 413 instead of a reset connection."""
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        try:
-            n = int(declared)
-        except ValueError:
-            raise BadRequest(f"Content-Length {declared!r} is not an integer") from None
-        if n <= limit:
-            return await request.body()
-    chunks, total = [], 0
-    async for chunk in request.stream():
-        total += len(chunk)
-        if total <= limit:
-            chunks.append(chunk)
-        else:
-            chunks.clear()
-    if total > limit:
-        raise PayloadTooLarge(f"request body of {total} bytes exceeds the limit of {limit} bytes (--max-body-bytes)")
-    return b"".join(chunks)
+async def read_request_body(request: Request, limit: int) -> bytes:
+    return await read_body(request.receive, request.headers.get("content-length"), limit)
 
 
 def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig) -> None:
@@ -155,42 +132,7 @@ def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig
             raise Unavailable(f"model {s.name} version {s.version} is not ready: {s.reason}")
         return _json({"name": s.name, "ready": True})
 
-    async def infer(request: Request) -> Response:
-        p = request.path_params
-        served = lookup(registry, p["name"], p.get("version"))
-
-        async def handle() -> Response:
-            body = await read_body(request, config.max_body_bytes)
-            decode = functools.partial(oip.decode_infer_request, body, _header_length(request), served.inputs, served.outputs)
-            if len(body) >= OFFLOAD_BYTES:
-                req = await asyncio.get_running_loop().run_in_executor(_codec_pool, decode)
-            else:
-                req = decode()
-            results = await served.infer(req.feeds, timeout_from_params(req.parameters))
-            payload, header_length = oip.encode_infer_response(served.name, served.version, req, results)
-            if header_length is None:
-                return Response(payload, media_type=JSON)
-            return Response(
-                payload,
-                media_type="application/octet-stream",
-                headers={"Inference-Header-Content-Length": str(header_length)},
-            )
-
-        return await tracked(served, handle)
-
-    # Plain Starlette routes: the hot path skips FastAPI's per-request dependency solving.
-    app.add_route("/v2/models/{name}/infer", infer, methods=["POST"])
-    app.add_route("/v2/models/{name}/versions/{version}/infer", infer, methods=["POST"])
-
-
-def _header_length(request: Request) -> int | None:
-    raw = request.headers.get(oip.HEADER_LENGTH)
-    if raw is None:
-        return None
-    try:
-        return int(raw)
-    except ValueError:
-        raise BadRequest(f"Inference-Header-Content-Length {raw!r} is not an integer") from None
+    # POST /v2/models/{name}[/versions/{version}]/infer: serving/infer_route.py, ahead of the app
 
 
 def _add_tfserving_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig) -> None:
@@ -212,7 +154,7 @@ def _add_tfserving_routes(app: FastAPI, registry: ModelRegistry, config: Serving
         served = lookup(registry, p["name"], p.get("version"))
 
         async def handle() -> Response:
-            body = await read_body(request, config.max_body_bytes)
+            body = await read_request_body(request, config.max_body_bytes)
             feeds, columnar = tfserving.decode_predict(body, served.inputs, served.signature or tfserving.DEFAULT_SIGNATURE)
             results = await served.infer(feeds)
             return Response(tfserving.encode_predict(results, served.outputs, columnar), media_type=JSON)

@@ -31,6 +31,14 @@ class NotFound(ServingError):
     grpc_code = "NOT_FOUND"
 
 
+class MethodNotAllowed(ServingError):
+    status = 405
+    grpc_code = "UNIMPLEMENTED"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, headers={"Allow": "POST"})
+
+
 class PayloadTooLarge(ServingError):
     status = 413
     grpc_code = "RESOURCE_EXHAUSTED"
@@ -63,9 +71,13 @@ class ComputeFailed(ServingError):
     status = 500
 
 
+def error_body(message: str) -> bytes:
+    return json.dumps({"error": message}).encode()
+
+
 def error_response(status: int, message: str, headers: dict[str, str] | None = None) -> Response:
     return Response(
-        json.dumps({"error": message}),
+        error_body(message),
         status_code=status,
         media_type="application/json",
         headers=headers,
