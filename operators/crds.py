@@ -231,8 +231,10 @@ def model_deployment_spec_schema() -> dict[str, Any]:
         },
         "batching": _obj("Dynamic batching in the serving pods.", {
             "maxBatchSize": _int("Largest batch the batcher forms.", minimum=1, maximum=4096, default=8),
-            "maxQueueDelayMicroseconds": _int("How long a request may wait for a batch to fill.",
-                                              minimum=0, maximum=10_000_000, default=500),
+            "maxQueueDelayMicroseconds": _int(
+                "How long a batch formed after a busy run may wait for more requests to fill it; a request "
+                "that finds the engine idle never waits (0: batches form only from what queued meanwhile).",
+                minimum=0, maximum=10_000_000, default=0),
             "preferredBatchSizes": {"type": "array", "description": "Batch sizes the batcher prefers to form.",
                                     "items": {"type": "integer", "format": "int32", "minimum": 1}, "maxItems": 16},
         }, default={}),

@@ -136,7 +136,7 @@ def test_apply_defaults_matches_api_server_defaulting() -> None:
     assert spec["targets"][1]["replicas"] == 1 and spec["targets"][0]["replicas"] == 2
     assert spec["autoscaling"]["enabled"] is False
     assert spec["rollout"] == {"maxSurge": "25%", "maxUnavailable": 0}
-    assert spec["batching"]["maxQueueDelayMicroseconds"] == 500
+    assert spec["batching"]["maxQueueDelayMicroseconds"] == 0
 
 
 def test_rbac_rules_are_unique_and_named() -> None:
