@@ -34,9 +34,10 @@ every answered request (503s included), ghz's over the OK ones; nan where nothin
 within the run. Non-2xx (503s and RESOURCE_EXHAUSTED apart), socket errors and timeouts are
 counted separately, and req/s counts only 2xx/OK answers. Before a server's cells, each
 protocol's answer is checked against onnxruntime's own outputs for the same input; a protocol that
-answers wrongly or not at all is not timed and prints the reason. The last tables give kubetrt's
-req/s over the best peer's per cell (above 1: kubetrt serves more) and, at one client, each
-server's p50 minus its engine's in-process time.
+answers wrongly or not at all is not timed and prints the reason. The last tables give, per cell,
+kubetrt's req/s over the best peer's (above 1: kubetrt serves more) and its p99 over the lowest
+peer p99 (below 1: a shorter tail), and, at one client, each server's p50 minus its engine's
+in-process time.
 """
 from __future__ import annotations
 
@@ -650,6 +651,18 @@ def cpu_line() -> str:
     return f"CPU: {model}, {os.cpu_count()} cores, ISA {isa}"
 
 
+def peer_versions(servers: list[str]) -> str:
+    """The pinned versions each peer's venv holds (bench/peers/setup.sh writes freeze.txt)."""
+    wanted = ("mlserver", "kserve", "nvidia-pytriton", "onnxruntime")
+    parts = []
+    for kind, venv in (("mlserver", "mlserver"), ("kserve", "kserve"), ("triton", "pytriton")):
+        freeze = CACHE / "peers" / venv / "freeze.txt"
+        if kind in servers and freeze.exists():
+            pins = [ln for ln in freeze.read_text().splitlines() if ln.split("==")[0].lower() in wanted]
+            parts.append(f"{kind} ({', '.join(pins)})")
+    return "; ".join(parts) or "none"
+
+
 def fmt_cell(c: Cell) -> str:
     if c.missing:
         return f"{c.server:<9}{'-':>9}  {c.missing.splitlines()[0][:90]}"
@@ -666,7 +679,8 @@ def report(cells: list[Cell], models: list[str], protocols: list[str], clients: 
             for n in clients:
                 for s in servers:
                     print(f"{m:<14}{p:<7}{n:>7}  {fmt_cell(key[m, p, n, s])}")
-    print("\nkubetrt / best peer, req/s (above 1: kubetrt serves more; the best peer by req/s)")
+    print("\nkubetrt / best peer: req/s over the highest peer's (above 1: kubetrt serves more), "
+          "p99 over the lowest peer p99 (below 1: kubetrt's tail is shorter)")
     for m in models:
         for p in protocols:
             for n in clients:
@@ -677,8 +691,10 @@ def report(cells: list[Cell], models: list[str], protocols: list[str], clients: 
                     why = "kubetrt not measured" if k is None or k.missing else "no peer measured"
                     print(f"{m:<14}{p:<7}{n:>7}  {'-':>6}  ({why})")
                     continue
-                print(f"{m:<14}{p:<7}{n:>7}  {k.rps / best.rps:6.2f}  (kubetrt {k.rps:.1f}/s p99 {k.p99_ms:.2f} ms; "
-                      f"{best.server} {best.rps:.1f}/s p99 {best.p99_ms:.2f} ms)")
+                tail = min(peers, key=lambda c: c.p99_ms if c.p99_ms == c.p99_ms else float("inf"))
+                print(f"{m:<14}{p:<7}{n:>7}  req/s {k.rps / best.rps:5.2f}  p99 {k.p99_ms / tail.p99_ms:5.2f}  "
+                      f"(kubetrt {k.rps:.1f}/s p99 {k.p99_ms:.2f} ms; {best.server} {best.rps:.1f}/s; "
+                      f"{tail.server} p99 {tail.p99_ms:.2f} ms)")
 
 
 def csv_list(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None) -> Callable[[str], list[Any]]:
@@ -724,7 +740,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
           f"servers taking turns; REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s")
     print(cpu_line())
-    print(f"Python {platform.python_version()} ({sys.executable}), peers in {CACHE / 'peers'}\n")
+    print(f"Python {platform.python_version()} ({sys.executable}); peers in {CACHE / 'peers'}: {peer_versions(a.servers)}\n")
     report(cells, a.models, a.protocols, a.clients, a.servers)
     print(f"\nwhat serving adds at one client: p50 minus the engine's in-process batch-1 p50 (kubetrt on {a.device}, "
           "the peers on onnxruntime)")
