@@ -89,6 +89,23 @@ class BatcherConfig:
             raise ValueError(f"preferred batch sizes {bad}: expected each in 1..max_batch_size ({self.max_batch_size})")
 
 
+def plan_sizes(config: BatcherConfig) -> tuple[int, ...]:
+    """The batch sizes merged batches are padded up to: powers of two, the preferred sizes and
+    max_batch_size. The runtime plans (and times) each input shape on its first call, hundreds of
+    milliseconds for a CNN, so a batch of a size never seen would stall its requests; the model
+    runs these sizes once at load (ServedModel.load) and batches only ever take them."""
+    sizes = {config.max_batch_size, *config.preferred_batch_sizes}
+    n = 1
+    while n < config.max_batch_size:
+        sizes.add(n)
+        n *= 2
+    return tuple(sorted(sizes))
+
+
+def _padded_to(rows: int, sizes: Sequence[int]) -> int:
+    return next((s for s in sizes if s >= rows), rows)
+
+
 @dataclass(eq=False)
 class _Request:
     feeds: Feeds
@@ -148,6 +165,7 @@ class Batcher:
         self._seconds_per_row = 0.0  # moving average over runs: how long the queued work will take
         self.compute_calls = 0
         self._preferred = sorted(set(config.preferred_batch_sizes), reverse=True)
+        self.plan_sizes = plan_sizes(config) if self.batchable else ()
 
     # -- lifecycle -------------------------------------------------------------------------------
     def start(self) -> "Batcher":
@@ -314,22 +332,28 @@ class Batcher:
             self._dispatch(batch)
 
     def _dispatch(self, batch: list[_Request]) -> None:
-        """Start the batch's run; its completion callback resolves the requests."""
+        """Start the batch's run, padded to a planned size; its completion callback resolves the
+        requests."""
         start = time.monotonic()
+        rows = sum(r.rows for r in batch)
         try:
             if len(batch) == 1:
                 feeds = batch[0].feeds
             else:
                 feeds = {n: np.concatenate([r.feeds[n] for r in batch], axis=0) for n in batch[0].feeds}
+            if batch[0].key is not None:
+                feeds = _pad(feeds, rows, _padded_to(rows, self.plan_sizes))
             running = self._compute(feeds)
         except BaseException as e:  # noqa: BLE001 - a run that cannot start fails this batch only
             self._finish(batch, start, None, e)
             return
-        running.add_done_callback(partial(self._completed, batch, start))
+        running.add_done_callback(partial(self._completed, batch, start, rows))
 
-    def _completed(self, batch: list[_Request], start: float, running: Future[Outputs]) -> None:
+    def _completed(self, batch: list[_Request], start: float, rows: int, running: Future[Outputs]) -> None:
         try:
             out = running.result()
+            if any(v.ndim > 0 and v.shape[0] > rows for v in out.values()):  # the padding's rows go
+                out = {k: v[:rows] for k, v in out.items()}
             results = [dict(out)] if len(batch) == 1 else _split(out, [r.rows for r in batch], self.name)
         except BaseException as e:  # noqa: BLE001 - any compute failure fails this batch only
             self._finish(batch, start, None, e)
@@ -372,6 +396,13 @@ class Batcher:
             )
         except Exception:  # noqa: BLE001 - metrics must never fail a request
             pass
+
+
+def _pad(feeds: Feeds, rows: int, size: int) -> Feeds:
+    """Feeds of `size` rows: the last row repeated after the real ones (valid input, thrown away)."""
+    if size <= rows:
+        return feeds
+    return {n: np.concatenate([a, np.repeat(a[-1:], size - rows, axis=0)], axis=0) for n, a in feeds.items()}
 
 
 def _split(out: Mapping[str, np.ndarray], rows: list[int], name: str) -> list[Outputs]:

@@ -16,7 +16,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Mapping, Protocol
+from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -27,6 +27,7 @@ from kubetrt.runtime.package import HeldOut, Manifest, TensorSpec, load_golden, 
 from .batcher import BatchComputeError, Batcher, BatcherClosed, BatcherConfig, DeadlineExceeded, QueueFull
 from .errors import BadRequest, ComputeFailed, NotFound, Overloaded, Timeout, Unavailable
 from .metrics import ModelMetrics, ServingMetrics
+from .tensors import is_bytes_dtype
 
 logger = logging.getLogger("kubetrt.serving")
 
@@ -91,6 +92,17 @@ def golden_mismatch(model: ModelLike, tol: Tolerance) -> str | None:
         if reason is not None:
             return f"golden batch {batch}, {reason}"
     return None
+
+
+def warm_plans(model: ModelLike, sizes: Sequence[int]) -> list[int]:
+    """Run the model once at each batch size the batcher forms, so no request waits for the
+    runtime to plan a new shape; -> the sizes run. Models with other dynamic dimensions, or string
+    inputs, are left to plan on demand (their shapes are the requests')."""
+    if any(-1 in t.shape[1:] or is_bytes_dtype(t.dtype) for t in model.inputs):
+        return []
+    for n in sizes:
+        model.predict({t.name: np.zeros((n, *t.shape[1:]), dtype=t.dtype) for t in model.inputs})
+    return list(sizes)
 
 
 def golden_tolerance(model: ModelLike, device: str) -> Tolerance:
@@ -222,10 +234,16 @@ class ServedModel:
         ).start()
         batcher = self.batcher
         self.metrics.queue_depth.set_function(lambda: batcher.queued)
+        try:
+            warmed = warm_plans(self.model, batcher.plan_sizes)
+        except Exception as e:  # noqa: BLE001 - the golden check passed: serve, and plan on demand
+            log(logger, logging.WARNING, "batch sizes not planned ahead", model=self.name, error=f"{type(e).__name__}: {e}")
+            warmed = []
         self.state, self.reason = State.READY, "ready"
         self.metrics.ready.set(1)
         log(logger, logging.INFO, "model ready", model=self.name, version=self.version, device=self.device,
-            seconds=round(time.monotonic() - t0, 3), batchable=self.batcher.batchable)
+            seconds=round(time.monotonic() - t0, 3), batchable=self.batcher.batchable,
+            planned_batch_sizes=",".join(map(str, warmed)))
 
     def _fail(self, reason: str) -> None:
         self.state, self.reason = State.FAILED, reason

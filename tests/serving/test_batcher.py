@@ -18,6 +18,7 @@ from kubetrt.serving.batcher import (
     DeadlineExceeded,
     QueueFull,
     batch_key,
+    plan_sizes,
 )
 
 
@@ -105,7 +106,7 @@ async def test_concurrent_requests_are_merged_and_split_back_in_order():
         gate.set()
         results = await asyncio.wait_for(asyncio.gather(first, *rest), 10)
         assert len(rec.calls) == 2, rec.calls  # 21 requests, 2 compute calls
-        assert rec.calls[1] == sum(1 + i % 3 for i in range(20))
+        assert sum(1 + i % 3 for i in range(20)) == 39 and rec.calls[1] == 64  # padded to a planned size
         for i, out in enumerate(results[1:]):
             rows = 1 + i % 3
             np.testing.assert_array_equal(out["y"], np.full((rows, 3), 2.0 * i, np.float32))
@@ -144,7 +145,7 @@ async def test_incompatible_shapes_are_not_merged():
         await asyncio.sleep(0.05)
         gate.set()
         out = await asyncio.wait_for(asyncio.gather(first, *narrow, *wide), 10)
-        assert rec.calls == [1, 3, 2]
+        assert rec.calls == [1, 4, 2]  # three narrow ones padded to 4 rows
         assert all(o["y"].shape == (1, 5) for o in out[4:])
     finally:
         gate.set()
@@ -321,7 +322,7 @@ async def test_runs_complete_from_their_futures_with_at_most_workers_in_flight()
         np.testing.assert_array_equal(out["y"], np.full((1, 3), 4.0, np.float32))
         assert not first.done()
         await by_hand.wait_started()
-        assert by_hand.runs[2][0]["x"].shape[0] == 3  # the three waiting requests, merged
+        assert by_hand.runs[2][0]["x"].shape[0] == 4  # the three waiting requests, merged, padded to 4
         by_hand.finish(2)
         by_hand.finish(0)
         results = await asyncio.wait_for(asyncio.gather(first, *rest), 5)
@@ -411,3 +412,27 @@ def test_config_rejects_nonsense():
         BatcherConfig(max_batch_size=0)
     with pytest.raises(ValueError, match="preferred"):
         BatcherConfig(max_batch_size=4, preferred_batch_sizes=(8,))
+
+
+def test_plan_sizes_are_powers_of_two_preferred_sizes_and_the_maximum():
+    assert plan_sizes(BatcherConfig(max_batch_size=24, preferred_batch_sizes=(6,))) == (1, 2, 4, 6, 8, 16, 24)
+    assert plan_sizes(BatcherConfig(max_batch_size=1)) == (1,)
+
+
+async def test_a_merged_batch_is_padded_to_a_planned_size_and_its_padding_dropped():
+    gate = threading.Event()
+    rec = Recorder(gate)
+    b = Batcher(rec, BatcherConfig(max_batch_size=8)).start()
+    try:
+        first = asyncio.ensure_future(b.submit(feeds(1, 0.0)))
+        await asyncio.to_thread(rec.entered.wait, 5)
+        rest = [asyncio.ensure_future(b.submit(feeds(1, float(i)))) for i in range(1, 6)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = await asyncio.wait_for(asyncio.gather(first, *rest), 10)
+        assert rec.calls == [1, 8], "five rows run as a planned batch of eight"
+        for i, o in enumerate(out):
+            np.testing.assert_array_equal(o["y"], np.full((1, 3), 2.0 * i, np.float32))
+    finally:
+        gate.set()
+        b.close()

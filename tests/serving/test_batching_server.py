@@ -58,7 +58,8 @@ async def test_gated_model_concurrent_requests_share_runtime_calls(cnn_model):
             gated.gate.set()
             responses = await asyncio.gather(first, *rest)
     assert len(gated.calls) < N
-    assert gated.calls == [xs[0].shape[0], sum(x.shape[0] for x in xs[1:])]
+    assert sum(x.shape[0] for x in xs[1:]) == 17
+    assert gated.calls == [xs[0].shape[0], 32], "the queued 17 rows run as one batch, padded to a planned size"
     for x, r in zip(xs, responses):
         np.testing.assert_allclose(output(r), cnn_model.predict({"image": x})["output_0"], rtol=1e-5, atol=1e-6)
 
