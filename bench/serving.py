@@ -68,7 +68,6 @@ SERVERS = ("kubetrt", "mlserver", "kserve", "triton")
 MAX_BATCH = 32  # rows per batch for the peers that batch (kubetrt serve's default --max-batch-size)
 TRITON_QUEUE_DELAY_US = 0  # Triton's default: batch what queued while the model was busy, never wait
 MLSERVER_BATCH_TIME_S = 0.0005  # MLServer turns its batcher off at 0, so the shortest window that batches
-RTOL, ATOL = 1e-3, 1e-5
 START_TIMEOUT_S = 300.0
 DTYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64"}
 
@@ -137,96 +136,34 @@ def binary_body(model: Model) -> tuple[bytes, int]:
     return header + b"".join(model.x[t["name"]].tobytes() for t in model.inputs), len(header)
 
 
-# Protocol buffers by hand: the few fields of ModelInferRequest/Response the bench sends and reads
-# (field numbers as in peers/oip_infer.proto), so the check needs no generated code.
+def _oip_grpc() -> Any:
+    sys.path.insert(0, str(HERE))
+    import _bootstrap  # noqa: F401  kubetrt importable from this checkout
+    from kubetrt.serving import oip_grpc
 
-def _varint(n: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte, n = n & 0x7F, n >> 7
-        out.append(byte | (0x80 if n else 0))
-        if not n:
-            return bytes(out)
-
-
-def _bytes_field(number: int, data: bytes) -> bytes:
-    return _varint(number << 3 | 2) + _varint(len(data)) + data
+    return oip_grpc
 
 
 def grpc_request(model: Model) -> bytes:
     """ModelInferRequest: model_name, one InferInputTensor per input, raw_input_contents."""
-    msg = _bytes_field(1, model.name.encode())
+    msg = _oip_grpc().ModelInferRequest(model_name=model.name)
     for t in model.inputs:
         v = model.x[t["name"]]
-        shape = b"".join(_varint(d) for d in v.shape)
-        msg += _bytes_field(5, _bytes_field(1, t["name"].encode()) + _bytes_field(2, DTYPES[t["dtype"]].encode())
-                            + _bytes_field(3, shape))
-    for t in model.inputs:
-        msg += _bytes_field(7, model.x[t["name"]].tobytes())
-    return msg
-
-
-def _fields(data: bytes) -> list[tuple[int, int, Any]]:
-    """(field number, wire type, value) for each field of a message, in order."""
-    out: list[tuple[int, int, Any]] = []
-    i = 0
-    while i < len(data):
-        key, i = _read_varint(data, i)
-        number, wire = key >> 3, key & 7
-        value: int | bytes
-        if wire == 0:
-            value, i = _read_varint(data, i)
-        elif wire == 2:
-            n, i = _read_varint(data, i)
-            value, i = data[i:i + n], i + n
-        elif wire == 5:
-            value, i = data[i:i + 4], i + 4
-        elif wire == 1:
-            value, i = data[i:i + 8], i + 8
-        else:
-            raise ValueError(f"protobuf wire type {wire} not expected")
-        out.append((number, wire, value))
-    return out
-
-
-def _read_varint(data: bytes, i: int) -> tuple[int, int]:
-    n = shift = 0
-    while True:
-        b = data[i]
-        i += 1
-        n |= (b & 0x7F) << shift
-        shift += 7
-        if not b & 0x80:
-            return n, i
+        msg.inputs.add(name=t["name"], datatype=DTYPES[t["dtype"]], shape=list(v.shape))
+        msg.raw_input_contents.append(v.tobytes())
+    return bytes(msg.SerializeToString())
 
 
 def grpc_outputs(response: bytes) -> dict[str, np.ndarray]:
     """The output tensors of a ModelInferResponse, from raw_output_contents or fp32_contents."""
-    fields = _fields(response)
-    raws = [v for n, _, v in fields if n == 6]
+    msg = _oip_grpc().ModelInferResponse.FromString(response)
     out = {}
-    for k, (_, _, tensor) in enumerate(f for f in fields if f[0] == 5):
-        name, values = "", None
-        shape: list[int] = []
-        for n, wire, v in _fields(tensor):
-            if n == 1:
-                name = v.decode()
-            elif n == 3:
-                shape.extend([v] if wire == 0 else _packed_varints(v))
-            elif n == 5:
-                floats = [v2 for n2, _, v2 in _fields(v) if n2 == 6]
-                values = np.frombuffer(b"".join(floats), "<f4") if floats else None
-        if values is None:
-            values = np.frombuffer(raws[k], "<f4")
-        out[name] = values.reshape(shape)
-    return out
-
-
-def _packed_varints(data: bytes) -> list[int]:
-    out, i = [], 0
-    while i < len(data):
-        v, i = _read_varint(data, i)
-        out.append(v)
+    for k, t in enumerate(msg.outputs):
+        if k < len(msg.raw_output_contents):
+            values = np.frombuffer(msg.raw_output_contents[k], "<f4")
+        else:
+            values = np.asarray(t.contents.fp32_contents, np.float32)
+        out[t.name] = values.reshape(list(t.shape))
     return out
 
 
@@ -354,7 +291,11 @@ class Server:
 
 
 def close(got: dict[str, np.ndarray], model: Model) -> str:
-    """'' where every output matches onnxruntime's within tolerance, else what differs."""
+    """'' where every output matches onnxruntime's within the table's fp32 host tolerance, else what
+    differs (runtime/accuracy.py, the project's one comparator)."""
+    from kubetrt.runtime.accuracy import HOST, compare, tolerance_for
+
+    shaped = {}
     for t in model.outputs:
         ref = model.expected[t["name"]]
         if t["name"] not in got:
@@ -362,9 +303,8 @@ def close(got: dict[str, np.ndarray], model: Model) -> str:
         value = np.asarray(got[t["name"]], dtype=ref.dtype).reshape(-1)
         if value.size != ref.size:
             return f"output {t['name']!r} has {value.size} values, expected {ref.size}"
-        if not np.allclose(value, ref.reshape(-1), rtol=RTOL, atol=ATOL):
-            return f"output {t['name']!r} differs from onnxruntime's by up to {np.abs(value - ref.reshape(-1)).max():.3g}"
-    return ""
+        shaped[t["name"]] = value.reshape(ref.shape)
+    return compare(shaped, model.expected, tolerance_for("fp32", HOST)).reason() or ""
 
 
 def rest_outputs(status: int, headers: Any, content: bytes) -> dict[str, np.ndarray]:
@@ -519,7 +459,7 @@ def ghz_binary() -> str:
 
 def ghz_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup: float, timeout: float) -> None:
     def run(duration: float) -> dict[str, Any]:
-        cmd = [ghz_binary(), "--insecure", "--proto", str(PEERS_DIR / "oip_infer.proto"),
+        cmd = [ghz_binary(), "--insecure", "--proto", str(_oip_grpc().DESCRIPTOR_SET.with_suffix(".proto")),
                "--call", "inference.GRPCInferenceService.ModelInfer", "--binary-file", str(bodies.grpc),
                "-c", str(cell.clients), "--connections", str(cell.clients), "-z", f"{max(1, round(duration))}s",
                "--timeout", f"{timeout:g}s", "--cpus", "1", "-O", "json", f"127.0.0.1:{server.grpc_port}"]
