@@ -3,7 +3,10 @@ them; no thread of its own.
 
 A request that finds the engine idle (a free slot, nothing queued) starts its run at once, from the
 event loop's thread: `compute(feeds)` returns a concurrent.futures.Future (the runtime Model's
-`predict_async`), so starting costs a hand-off, not the run. Requests that arrive while every slot
+`predict_async`), so starting costs a hand-off, not the run. A request alone in the server (after
+one turn of the loop, no other request has reached the batcher) on a model whose one-request runs
+take under INLINE_MAX_SECONDS runs on the loop's thread itself (`run_now`, the Model's `predict`):
+the two hand-offs between threads would cost more than the run. Requests that arrive while every slot
 is busy queue up; when a run completes, its callback resolves its requests, then forms the next
 batch from what queued meanwhile (requests whose inputs agree on all but the batch dimension,
 np.concatenate on dim 0) and starts it, in the thread that completed the run. So batches form
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import math
 import threading
 import time
 from concurrent.futures import Future
@@ -36,6 +40,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 import numpy as np
 
 Feeds = Mapping[str, np.ndarray]
+# A request alone in the server on a model whose one-request runs take at most this long runs on the
+# event loop's thread (the loop has nothing else to do): two hand-offs between threads cost more.
+INLINE_MAX_SECONDS = 0.001
 Outputs = dict[str, np.ndarray]
 Compute = Callable[[Feeds], Future[Outputs]]  # starts a run; the Future holds its outputs
 
@@ -150,8 +157,10 @@ class Batcher:
         batchable: bool = True,
         observer: BatchObserver | None = None,
         name: str = "model",
+        run_now: Callable[[Feeds], Outputs] | None = None,
     ) -> None:
         self._compute = compute
+        self._run_now = run_now
         self.config = config
         self.batchable = batchable and config.max_batch_size > 1
         self._observer = observer
@@ -163,6 +172,8 @@ class Batcher:
         self._in_flight = 0  # batches started and not yet resolved; at most config.workers
         self._timer_armed = False
         self._seconds_per_row = 0.0  # moving average over runs: how long the queued work will take
+        self._solo_seconds = math.inf  # moving average of one-request runs: short ones may run inline
+        self._waiting = 0  # requests submitted and not yet resolved
         self.compute_calls = 0
         self._preferred = sorted(set(config.preferred_batch_sizes), reverse=True)
         self.plan_sizes = plan_sizes(config) if self.batchable else ()
@@ -197,19 +208,38 @@ class Batcher:
         rows, key = rk if rk is not None else (1, None)
         if not self.batchable:
             key = None
+        with self._cond:
+            self._waiting += 1
+        try:
+            if self._run_now is not None and self._solo_seconds <= INLINE_MAX_SECONDS:
+                # One turn of the loop first: requests it has already received reach the batcher,
+                # and then this one is not alone and will not run inline.
+                await asyncio.sleep(0)
+            return await self._submit(feeds, rows, key, deadline, loop)
+        finally:
+            with self._cond:
+                self._waiting -= 1
+
+    async def _submit(self, feeds: Feeds, rows: int, key: Any, deadline: float | None,
+                      loop: asyncio.AbstractEventLoop) -> Outputs:
         now = time.monotonic()
         req = _Request(feeds, rows, key, loop.create_future(), loop, now, deadline)
+        inline = False
         with self._cond:
             if self._closed:
                 raise BatcherClosed(f"model {self.name} is shutting down")
             if self._in_flight < self.config.workers and not self._queue:
                 self._in_flight += 1  # idle: this request runs now, alone
-                batches = [[req]]
+                inline = (self._run_now is not None and self._waiting == 1
+                          and self._solo_seconds <= INLINE_MAX_SECONDS)
+                batches = [] if inline else [[req]]
             else:
                 self._admit(req, now)
                 self._queue.append(req)
                 self._queued_rows += rows
                 batches = self._take_batches() if self._in_flight < self.config.workers else []
+        if inline:
+            return self._run_inline(req)
         self._dispatch_all(batches)
         if deadline is not None:
             req.timer = loop.call_at(loop.time() + (deadline - time.monotonic()), _expire, req)
@@ -218,6 +248,20 @@ class Batcher:
         finally:
             if req.timer is not None:
                 req.timer.cancel()
+
+    def _run_inline(self, req: _Request) -> Outputs:
+        """The one request in the server, on a model that answers faster than two hand-offs between
+        threads take: run it on the caller's (the event loop's) thread."""
+        assert self._run_now is not None
+        start = time.monotonic()
+        try:
+            out = self._run_now(req.feeds)
+        except BaseException as e:  # noqa: BLE001 - fails this request only, as a batch's compute error would
+            self._finish([req], start, None, e, resolve=False)
+            wrapped = BatchComputeError(f"model {self.name} failed on a batch of 1 request(s): {type(e).__name__}: {e}")
+            raise wrapped from e
+        self._finish([req], start, [out], None, resolve=False)
+        return dict(out)
 
     def _admit(self, req: _Request, now: float) -> None:
         """Refuse (QueueFull) a request the queue has no room or no time for; lock held."""
@@ -361,14 +405,16 @@ class Batcher:
         self._finish(batch, start, results, None)
 
     def _finish(self, batch: list[_Request], start: float, results: list[Outputs] | None,
-                error: BaseException | None) -> None:
+                error: BaseException | None, resolve: bool = True) -> None:
         """Count and observe the run, resolve the batch's requests, then start the next batch from
         what queued meanwhile."""
         seconds = time.monotonic() - start
         rows = sum(r.rows for r in batch)
         try:
             self._observe(batch, start, seconds)
-            if error is not None:
+            if not resolve:
+                pass
+            elif error is not None:
                 wrapped = BatchComputeError(
                     f"model {self.name} failed on a batch of {len(batch)} request(s): {type(error).__name__}: {error}"
                 )
@@ -379,6 +425,8 @@ class Batcher:
         finally:
             with self._cond:
                 self.compute_calls += 1
+                if error is None and len(batch) == 1 and rows == 1:
+                    self._solo_seconds = seconds if math.isinf(self._solo_seconds) else 0.8 * self._solo_seconds + 0.2 * seconds
                 if error is None:
                     per_row = seconds / max(rows, 1)
                     self._seconds_per_row = per_row if self._seconds_per_row == 0 else 0.8 * self._seconds_per_row + 0.2 * per_row

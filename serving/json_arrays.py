@@ -52,12 +52,11 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
     """The JSON document, long arrays as LazyArray; ValueError (json's message) when malformed."""
     data = bytes(body) if not isinstance(body, bytes) else body
     try:
-        doc = simdjson.Parser().parse(data)
-    except (ValueError, RuntimeError):
+        return _python(simdjson.Parser().parse(data))
+    except (ValueError, RuntimeError, KeyError):
         # Malformed, or what simdjson will not read and Python's json does (NaN, 1e400, integers past
-        # 64 bits): json reads it as before, or says what is wrong.
+        # 64 bits, a key holding a NUL): json reads it as before, or says what is wrong.
         return json.loads(data)
-    return _python(doc)
 
 
 def _python(v: Any) -> Any:

@@ -231,6 +231,7 @@ class ServedModel:
             batchable=_batchable(self.model),
             observer=self.metrics,
             name=self.name,
+            run_now=self.model.predict,
         ).start()
         batcher = self.batcher
         self.metrics.queue_depth.set_function(lambda: batcher.queued)

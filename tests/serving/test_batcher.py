@@ -436,3 +436,25 @@ async def test_a_merged_batch_is_padded_to_a_planned_size_and_its_padding_droppe
     finally:
         gate.set()
         b.close()
+
+
+async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_crowd_does_not():
+    rec = Recorder()
+    threads: list[str] = []
+
+    def run_now(f):
+        threads.append(threading.current_thread().name)
+        return rec.run(f)
+
+    b = Batcher(rec, BatcherConfig(max_batch_size=8), run_now=run_now).start()
+    try:
+        await b.submit(feeds(1, 1.0))  # the first run is timed on the pool: no measure yet to go by
+        assert threads == []
+        out = await b.submit(feeds(1, 3.0))
+        np.testing.assert_array_equal(out["y"], np.full((1, 3), 6.0, np.float32))
+        assert threads == [threading.current_thread().name], "alone and fast: run inline"
+        crowd = await asyncio.gather(*(b.submit(feeds(1, float(i))) for i in range(5)))
+        assert len(threads) == 1, "requests that reached the batcher together go through the pool"
+        assert [float(o["y"][0, 0]) for o in crowd] == [0.0, 2.0, 4.0, 6.0, 8.0]
+    finally:
+        b.close()
