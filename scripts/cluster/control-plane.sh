@@ -4,7 +4,8 @@
 # admin client certificate and the ServiceAccount signing key generated here.
 #   control-plane.sh start BIN_DIR STATE_DIR   # starts all four, waits for /readyz, writes STATE_DIR/kubeconfig
 #   control-plane.sh stop STATE_DIR            # stops what start started (by the pids it recorded)
-# STATE_DIR is wiped by start: etcd's data, certificates, logs (STATE_DIR/logs/*.log) and pids.
+# STATE_DIR is wiped by start: etcd's data, certificates, logs (STATE_DIR/logs/*.log, with the
+# API server's audit log of ServiceAccounts' writes, audit.log) and pids.
 # Ports (loopback only): KUBETRT_CLUSTER_API_PORT (6443), etcd 2379/2380, controller manager 10257,
 # scheduler 10259.
 set -euo pipefail
@@ -97,6 +98,18 @@ start() {
   local pki="$state/pki" logs="$state/logs"
   certs "$pki"
   kubeconfig "$pki" "$state/kubeconfig"
+  # Who wrote what: every write by a ServiceAccount, with the pod its bound token belongs to
+  # (tests/cluster tells operator replicas apart by it).
+  cat >"$state/audit-policy.yaml" <<'POLICY'
+apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived", "ResponseStarted"]
+rules:
+- level: Metadata
+  userGroups: ["system:serviceaccounts"]
+  verbs: ["create", "update", "patch", "delete", "deletecollection"]
+- level: None
+POLICY
 
   launch etcd "$logs" "$state" "$bin/etcd" --name kubetrt-test --data-dir "$state/etcd" \
     --listen-client-urls http://127.0.0.1:2379 --advertise-client-urls http://127.0.0.1:2379 \
@@ -113,7 +126,8 @@ start() {
     --service-account-issuer https://kubernetes.default.svc.cluster.local \
     --service-account-key-file "$pki/sa.pub" --service-account-signing-key-file "$pki/sa.key" \
     --service-cluster-ip-range 10.0.0.0/24 --endpoint-reconciler-type none \
-    --authorization-mode RBAC --profiling=false
+    --authorization-mode RBAC --profiling=false \
+    --audit-policy-file "$state/audit-policy.yaml" --audit-log-path "$logs/audit.log"
   wait_for "kube-apiserver (log: $logs/kube-apiserver.log)" 120 \
     curl -fsS --cacert "$pki/ca.crt" --cert "$pki/admin.crt" --key "$pki/admin.key" \
     "https://127.0.0.1:$API_PORT/readyz"
