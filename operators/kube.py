@@ -123,11 +123,15 @@ class KubeClient:
                           body=body)
 
     def patch_status(self, api_version: str, kind: str, namespace: str, name: str,
-                     status: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Merge-patch the status subresource; None if the object is gone."""
+                     status: Mapping[str, Any], resource_version: str | None = None) -> dict[str, Any] | None:
+        """Merge-patch the status subresource; None if the object is gone. With `resource_version`,
+        only over that version of the object: a newer one answers 409 Conflict (ApiException)."""
+        body: dict[str, Any] = {"status": dict(status)}
+        if resource_version:
+            body["metadata"] = {"resourceVersion": resource_version}
         try:
             return self._call("PATCH", self._path(api_version, kind, namespace, name, "status"),
-                              body={"status": dict(status)}, content_type="application/merge-patch+json")
+                              body=body, content_type="application/merge-patch+json")
         except kubernetes.client.ApiException as exc:
             if exc.status == 404:
                 return None

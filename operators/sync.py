@@ -11,6 +11,7 @@ import threading
 from collections import defaultdict
 from typing import Any, Mapping
 
+import kopf
 import kubernetes
 
 from kubetrt.operators import reconcile
@@ -22,6 +23,8 @@ from kubetrt.operators.objects import OperatorConfig
 log = logging.getLogger("kubetrt.operators.sync")
 MD = (API_VERSION, KIND_MODEL_DEPLOYMENT)
 EB = (API_VERSION, KIND_ENGINE_BUILD)
+
+STATUS_ATTEMPTS = 5  # reads, plans and status writes of one sync before it gives up (a 409 each time)
 
 _locks: defaultdict[tuple[str, str, str], threading.Lock] = defaultdict(threading.Lock)
 _locks_guard = threading.Lock()
@@ -81,39 +84,61 @@ def apply_plan(kube: KubeClient, namespace: str, plan: reconcile.Plan, observed:
         kube.delete(api_version, kind, namespace, name)
 
 
+def _status_written(kube: KubeClient, what: tuple[str, str], obj: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
+    """Write `status` over the version of `obj` it was computed from; False on a 409 Conflict (the
+    object changed since it was read: the caller plans again from a fresh read)."""
+    meta = obj["metadata"]
+    try:
+        kube.patch_status(*what, meta["namespace"], meta["name"], status, resource_version=meta.get("resourceVersion"))
+        return True
+    except kubernetes.client.ApiException as exc:
+        if exc.status != 409:
+            raise
+        log.info("%s %s/%s changed while its status was computed: planning again", what[1], meta["namespace"],
+                 meta["name"])
+        return False
+
+
 def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: str, name: str) -> dict[str, Any] | None:
     """Reconcile one ModelDeployment; returns the status written (None if it is gone)."""
     with _lock("md", namespace, name):
-        md = kube.get(*MD, namespace, name)
-        if md is None or (md.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        md.setdefault("apiVersion", MD[0])
-        md.setdefault("kind", MD[1])
-        observed = observe(kube, namespace, name)
-        plan = reconcile.plan_model_deployment(md, observed, config, now_iso())
-        apply_plan(kube, namespace, plan, observed)
-        if reconcile.status_changed(md.get("status"), plan.status):
-            kube.patch_status(*MD, namespace, name, plan.status)
-        return plan.status
+        for attempt in range(STATUS_ATTEMPTS):
+            md = kube.get(*MD, namespace, name)
+            if md is None or (md.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            md.setdefault("apiVersion", MD[0])
+            md.setdefault("kind", MD[1])
+            md["metadata"].setdefault("namespace", namespace)
+            observed = observe(kube, namespace, name)
+            plan = reconcile.plan_model_deployment(md, observed, config, now_iso())
+            apply_plan(kube, namespace, plan, observed)
+            if not reconcile.status_changed(md.get("status"), plan.status) or _status_written(kube, MD, md, plan.status):
+                return plan.status
+        raise kopf.TemporaryError(f"ModelDeployment {namespace}/{name} kept changing while its status was written",
+                                  delay=5)
 
 
 def sync_engine_build(kube: KubeClient, config: OperatorConfig, namespace: str, name: str) -> dict[str, Any] | None:
     """Reconcile one EngineBuild: ensure its Job, follow the Job into the status."""
     with _lock("eb", namespace, name):
-        eb = kube.get(*EB, namespace, name)
-        if eb is None or (eb.get("metadata") or {}).get("deletionTimestamp"):
-            return None
-        eb.setdefault("apiVersion", EB[0])
-        eb.setdefault("kind", EB[1])
-        job = kube.get("batch/v1", "Job", namespace, name)
-        pods: list[dict[str, Any]] = []
-        if job is not None and (job.get("status") or {}).get("conditions"):
-            pods = kube.list("v1", "Pod", namespace, {LABEL_BUILD: name})
-        plan = reconcile.plan_engine_build(eb, job, pods, config)
-        if plan.create_job is not None:
-            _create(kube, plan.create_job)
-        if reconcile.status_changed(eb.get("status"), plan.status):
-            kube.patch_status(*EB, namespace, name, plan.status)
-            log.info("enginebuild %s/%s phase=%s reason=%s", namespace, name, plan.status.get("phase"),
-                     plan.status.get("reason"))
-        return plan.status
+        for attempt in range(STATUS_ATTEMPTS):
+            eb = kube.get(*EB, namespace, name)
+            if eb is None or (eb.get("metadata") or {}).get("deletionTimestamp"):
+                return None
+            eb.setdefault("apiVersion", EB[0])
+            eb.setdefault("kind", EB[1])
+            eb["metadata"].setdefault("namespace", namespace)
+            job = kube.get("batch/v1", "Job", namespace, name)
+            pods: list[dict[str, Any]] = []
+            if job is not None and (job.get("status") or {}).get("conditions"):
+                pods = kube.list("v1", "Pod", namespace, {LABEL_BUILD: name})
+            plan = reconcile.plan_engine_build(eb, job, pods, config)
+            if plan.create_job is not None:
+                _create(kube, plan.create_job)
+            if not reconcile.status_changed(eb.get("status"), plan.status):
+                return plan.status
+            if _status_written(kube, EB, eb, plan.status):
+                log.info("enginebuild %s/%s phase=%s reason=%s", namespace, name, plan.status.get("phase"),
+                         plan.status.get("reason"))
+                return plan.status
+        raise kopf.TemporaryError(f"EngineBuild {namespace}/{name} kept changing while its status was written", delay=5)

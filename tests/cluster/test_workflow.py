@@ -416,6 +416,40 @@ def test_stale_write_is_a_conflict(applied: Flow, admin: kubernetes.client.ApiCl
     assert err.value.status == 409
 
 
+def test_status_conflicts_are_retried(applied: Flow, agent: NodeAgent, admin: kubernetes.client.ApiClient) -> None:
+    """While another writer keeps changing the ModelDeployment, the operator's status writes (made
+    over the version they were computed from) meet 409 Conflicts; it plans again and converges."""
+    import kubernetes as k8s
+    api = k8s.client.CustomObjectsApi(admin)
+    stop = threading.Event()
+    touches = 0
+
+    def touch() -> None:
+        nonlocal touches
+        while not stop.is_set():
+            api.patch_namespaced_custom_object(names.GROUP, names.VERSION, NS, names.PLURAL_MODEL_DEPLOYMENTS,
+                                               applied.name, {"metadata": {"annotations": {"kubetrt.io/touch": str(touches)}}})
+            touches += 1
+            time.sleep(0.02)
+    since = time.time()
+    say("model version 4 -> 5 while another writer changes the ModelDeployment's metadata every 20 ms")
+    writer = threading.Thread(target=touch, daemon=True)
+    writer.start()
+    try:
+        _set_version(applied, "5")
+        wait_until("the operator's status write answered 409", lambda: any(
+            "modeldeployments/status" in w and w.endswith("409")
+            for writes in operator_writes(since).values() for w in writes), timeout=120, period=1)
+    finally:
+        stop.set()
+        writer.join(timeout=10)
+    wait_until("version 5 rolled out after the conflicts", lambda: _rolled_out(applied, "5"), timeout=300, period=1,
+               detail=lambda: _dump(applied, agent))
+    conflicts = sum(1 for writes in operator_writes(since).values() for w in writes if w.endswith("409"))
+    say(f"{touches} metadata writes beside the operator; {conflicts} of its writes answered 409, all retried")
+    assert _converged(applied, admin) == []
+
+
 def test_operator_log_has_no_forbidden(applied: Flow, agent: NodeAgent, release: Release) -> None:
     (pod, *_) = release.operator_pods()
     assert pod["spec"]["serviceAccountName"] == "kubetrt-operator"
