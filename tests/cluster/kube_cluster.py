@@ -71,24 +71,6 @@ def wait_until(what: str, check: Callable[[], T | None], timeout: float = 120.0,
     raise AssertionError(f"{what}: not within {timeout:.0f}s{last_error}\n{more}")
 
 
-def control_plane_log(name: str, lines: int = 40) -> str:
-    path = env_path("KUBETRT_CLUSTER_LOGS") / f"{name}.log"
-    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
-
-
-def control_plane_running() -> list[str]:
-    """Names of control plane processes that are not running (empty: all four are up)."""
-    state = env_path("KUBETRT_CLUSTER_LOGS").parent
-    down = []
-    for name in ("etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"):
-        pid_file = state / f"{name}.pid"
-        try:
-            os.kill(int(pid_file.read_text()), 0)
-        except (OSError, ValueError):
-            down.append(name)
-    return down
-
-
 @dataclass
 class Release:
     """The chart, installed; the operator's pod as the node agent runs it."""
@@ -110,5 +92,5 @@ def helm_values() -> list[str]:
     return [*out, "--set", "image.pullPolicy=Never"]
 
 
-__all__ = ["OPERATOR_NAMESPACE", "RELEASE", "REPO", "Release", "helm_values", "api_client", "control_plane_log", "control_plane_running", "env_path", "helm", "kubectl",
+__all__ = ["OPERATOR_NAMESPACE", "RELEASE", "REPO", "Release", "helm_values", "api_client", "env_path", "helm", "kubectl",
            "kubectl_json", "say", "wait_until"]

@@ -24,6 +24,7 @@ the kubelet's part that the tests observe, from the pod object as the API server
 """
 from __future__ import annotations
 
+import base64
 import datetime
 import json
 import os
@@ -400,7 +401,6 @@ class NodeAgent:
         self._report(running)
 
     def _secrets(self, ns: str, c: Mapping[str, Any]) -> dict[str, dict[str, str]]:
-        import base64
         names = {s["secretRef"]["name"] for s in c.get("envFrom") or [] if "secretRef" in s}
         names |= {v["valueFrom"]["secretKeyRef"]["name"] for v in c.get("env") or []
                   if "secretKeyRef" in (v.get("valueFrom") or {})}

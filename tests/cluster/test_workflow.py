@@ -73,9 +73,6 @@ class Flow:
         obj: dict[str, Any] = kubectl_json("get", "modeldeployment", self.name, "-n", NS)
         return obj
 
-    def condition(self, ctype: str) -> dict[str, Any]:
-        return next((c for c in (self.get().get("status") or {}).get("conditions") or [] if c["type"] == ctype), {})
-
 
 @pytest.fixture(scope="module")
 def flow(model: Any, release: Release, tmp_path_factory: pytest.TempPathFactory) -> Flow:
@@ -117,7 +114,7 @@ def _dump(flow: Flow, agent: NodeAgent) -> str:
 def ready(flow: Flow) -> dict[str, Any] | None:
     md = flow.get()
     st = md.get("status") or {}
-    cond = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
+    cond: dict[str, Any] = next((c for c in st.get("conditions") or [] if c["type"] == "Ready"), {})
     if cond.get("status") == "True" and st.get("observedGeneration") == md["metadata"]["generation"]:
         return md
     return None
