@@ -24,8 +24,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 logger = logging.getLogger("kubetrt.serving")
-# Bodies from this size on are decoded on a codec thread, so the loop goes on serving other
-# requests meanwhile; smaller ones cost less than the hand-off.
+# Bodies from this size on are decoded on a codec thread, where the parts of the decode that let go
+# of the GIL (NumPy's copies and casts) run beside the loop; simdjson's parse keeps the GIL for its
+# length. Smaller bodies cost less than the hand-off.
 OFFLOAD_BYTES = 128 << 10
 _codec_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubetrt-codec")
 _JSON = [(b"content-type", b"application/json")]

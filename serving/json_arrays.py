@@ -5,8 +5,8 @@ Why: a JSON tensor of 150k floats made 150k Python floats before NumPy saw them,
 many times the model. simdjson parses the body at C speed (SIMD), correctly rounded; the small
 fields (names, shapes, parameters) become Python values, and every array of LONG_ARRAY or more
 elements stays a LazyArray whose numbers `as_buffer` copies out as float64 / int64 / uint64 in
-one pass (measured against a compiled scanner of our own, which was 2-3x slower; bench note in
-the closing of the change). Arrays simdjson cannot type that way (booleans, strings, mixed or
+one pass (a compiled scanner of our own, which let go of the GIL, took 2-3x its CPU; on two cores
+the CPU counts for more). Arrays simdjson cannot type that way (booleans, strings, mixed or
 out-of-range values) take the old road, Python values and np.asarray, so their errors read as
 before. Nested arrays come out flattened in order, as Triton reads them: the tensor's declared
 shape, checked against the element count, gives them their shape.
