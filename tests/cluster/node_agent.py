@@ -11,7 +11,9 @@ the kubelet's part that the tests observe, from the pod object as the API server
 * each pod runs in its own network namespace (podman's slirp4netns), its containerPorts
   published on a loopback address of its own, 127.0.1.N, which is the pod's status.podIP; the
   API server is reachable from the pod at 10.0.2.2 (the host's loopback as slirp4netns shows it),
-  given as KUBERNETES_SERVICE_HOST/PORT;
+  given as KUBERNETES_SERVICE_HOST/PORT; the EndpointSlice controller refuses loopback addresses ("may
+  not be in the loopback range"), so Services here have no endpoints: tests pick ready pods by the
+  Service's selector, which is what its endpoints would hold;
 * volumes: emptyDir, hostPath and the projected ServiceAccount volume (a token from the
   TokenRequest API bound to the pod, the kube-root-ca.crt ConfigMap and the namespace);
 * env with the Downward API, securityContext, resource limits (tests/containers/podman_pods.py's

@@ -231,7 +231,8 @@ def test_tritonclient_at_the_pod_address(applied: Flow, model: Any) -> None:
 @dataclass
 class Client:
     """Queries the model throughout, at a ready pod of the Service's selector each time (what a
-    Service's endpoints hold), counting failures."""
+    Service's endpoints hold; the pods' loopback addresses keep EndpointSlices empty here, see
+    node_agent.py), counting failures: a request that fails, or finds no ready pod."""
 
     flow: Flow
     model: Any
