@@ -20,15 +20,8 @@ cd "$(dirname "$0")/.."
 CACHE="${KUBETRT_CLUSTER_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/kubetrt-cluster}"
 STATE="${KUBETRT_CLUSTER_STATE:-$CACHE/state}"
 WORK="${KUBETRT_E2E_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubetrt-e2e}"
-START=$SECONDS
-step_start=$SECONDS
-
-say() { printf '[cluster %4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
-step() { step_start=$SECONDS; say "$*"; }
-done_step() { say "  done in $((SECONDS - step_start))s${1:+ ($1)}"; }
-die() { say "FAILED: $*"; exit 1; }
-
-trap 'say "FAILED: line $LINENO: $BASH_COMMAND"' ERR
+STEP_TAG=cluster
+source scripts/lib/steps.sh
 [ "$(id -u)" = 0 ] || die "run as root (apt-get, debootstrap and rootful podman)"
 command -v go >/dev/null || die "Go is needed to build the control plane (go.dev/doc/install)"
 mkdir -p "$CACHE"

@@ -16,23 +16,8 @@ WORK="${KUBETRT_E2E_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/kubetrt-e2e}"
 BASE_IMAGE="localhost/kubetrt-base:bookworm"
 TAG="e2e"
 INCLUDE="python3,python3-venv,python3-pip,python-is-python3,libgomp1,ca-certificates"
-START=$SECONDS
-step_start=$SECONDS
-
-say() { printf '[e2e %4ds] %s\n' "$((SECONDS - START))" "$*" >&2; }
-step() { step_start=$SECONDS; say "$*"; }
-done_step() { say "  done in $((SECONDS - step_start))s${1:+ ($1)}"; }
-die() { say "FAILED: $*"; exit 1; }
-# run LOG CMD...: CMD's output goes to LOG; on failure its tail is shown.
-run_logged() {
-  local log="$1"; shift
-  if ! "$@" >"$log" 2>&1; then
-    tail -n 60 "$log" >&2
-    die "$1 (full log: $log)"
-  fi
-}
-
-trap 'say "FAILED: line $LINENO: $BASH_COMMAND"' ERR
+STEP_TAG=e2e
+source scripts/lib/steps.sh
 [ "$(id -u)" = 0 ] || die "run as root (apt-get, debootstrap and rootful podman)"
 mkdir -p "$WORK"
 

@@ -13,12 +13,9 @@ scripts/e2e-cluster.sh builds the images and the control plane, starts it and ru
 """
 from __future__ import annotations
 
-import importlib.util
 import os
-import shutil
 import sys
 from pathlib import Path
-from types import ModuleType
 from typing import Iterator
 
 import kubernetes
@@ -30,27 +27,15 @@ for path in (HERE, CONTAINERS):
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import file_modules  # noqa: E402
 from kubetrt.operators import names  # noqa: E402
 from kube_cluster import (OPERATOR_NAMESPACE, RELEASE, Release, api_client, env_path, helm, helm_values,  # noqa: E402
                           kubectl, say, wait_until)
 from node_agent import CPU_NODE, GPU_NODES, NodeAgent, node_objects, register_nodes  # noqa: E402
-from podman_pods import BUILDER_IMAGE, OPERATOR_IMAGE, SERVING_IMAGE, image_exists  # noqa: E402
+from podman_pods import images_missing  # noqa: E402
 
 
-
-def _load(name: str, path: Path) -> ModuleType:
-    """Import a file under its own module name (every conftest.py is `conftest` to pytest)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-model = _load("kubetrt_tests_containers_conftest", CONTAINERS / "conftest.py").model
+model = file_modules.load("kubetrt_tests_containers_conftest", CONTAINERS / "conftest.py").model
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -58,12 +43,8 @@ def control_plane() -> None:
     problem = None
     if not os.environ.get("KUBECONFIG") or not os.environ.get("KUBETRT_CLUSTER_BIN"):
         problem = "no test control plane ($KUBECONFIG, $KUBETRT_CLUSTER_BIN)"
-    elif shutil.which("podman") is None:
-        problem = "podman is not installed"
     else:
-        missing = [i for i in (SERVING_IMAGE, BUILDER_IMAGE, OPERATOR_IMAGE) if not image_exists(i)]
-        if missing:
-            problem = f"images {', '.join(missing)} are not built"
+        problem = images_missing()
     if problem:
         pytest.fail(f"{problem}: run scripts/e2e-cluster.sh (as root)", pytrace=False)
 

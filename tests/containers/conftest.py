@@ -17,18 +17,12 @@ from typing import Any, Iterator
 import numpy as np
 import pytest
 
-from podman_pods import BUILDER_IMAGE, IMAGE_UID, OPERATOR_IMAGE, SERVING_IMAGE, image_exists, say
+from podman_pods import IMAGE_UID, images_missing, say
 
 
 @pytest.fixture(scope="session", autouse=True)
 def images() -> None:
-    problem = None
-    if shutil.which("podman") is None:
-        problem = "podman is not installed"
-    else:
-        missing = [i for i in (SERVING_IMAGE, BUILDER_IMAGE, OPERATOR_IMAGE) if not image_exists(i)]
-        if missing:
-            problem = f"images {', '.join(missing)} are not built"
+    problem = images_missing()
     if problem:
         pytest.fail(f"{problem}: run scripts/e2e-containers.sh (as root)", pytrace=False)
 

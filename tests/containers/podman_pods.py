@@ -76,6 +76,14 @@ def image_exists(image: str) -> bool:
     return podman("image", "exists", image, check=False).returncode == 0
 
 
+def images_missing() -> str | None:
+    """Why the project's images cannot run here (no podman, images not built), or None."""
+    if shutil.which("podman") is None:
+        return "podman is not installed"
+    missing = [i for i in (SERVING_IMAGE, BUILDER_IMAGE, OPERATOR_IMAGE) if not image_exists(i)]
+    return f"images {', '.join(missing)} are not built" if missing else None
+
+
 # ----------------------------------------------------------------------------- quantities, Downward API
 def container_env(container: Mapping[str, Any], pod_name: str, namespace: str) -> dict[str, str]:
     """env resolved as the kubelet does (the image's own env comes from the image)."""

@@ -8,12 +8,10 @@ operator as a handle that can be stopped and started again against the same API 
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import logging
 import sys
 import threading
 from pathlib import Path
-from types import ModuleType
 from typing import Any, AsyncIterator, Iterator
 
 import kopf
@@ -25,6 +23,7 @@ for path in (HERE, OPERATOR_TESTS):  # kubelet, operator_testlib, test_operator_
     if str(path) not in sys.path:
         sys.path.insert(0, str(path))
 
+import file_modules  # noqa: E402
 from kubetrt.operators import handlers  # noqa: E402
 from kubetrt.operators.kube import KubeClient  # noqa: E402
 from operator_testlib import CONFIG, ApiServerEmulator  # noqa: E402
@@ -33,19 +32,7 @@ from test_operator_integration import client  # noqa: E402,F401  (fixture)
 import kubelet  # noqa: E402
 
 
-def _load(name: str, path: Path) -> ModuleType:
-    """Import a file under its own module name (every conftest.py is `conftest` to pytest)."""
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-_operator_fixtures = _load("kubetrt_tests_operators_conftest", OPERATOR_TESTS / "conftest.py")
+_operator_fixtures = file_modules.load("kubetrt_tests_operators_conftest", OPERATOR_TESTS / "conftest.py")
 api = _operator_fixtures.api
 kube = _operator_fixtures.kube
 operator = _operator_fixtures.operator
