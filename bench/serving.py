@@ -410,17 +410,22 @@ end
 
 
 def kubetrt_sums(server: Server) -> dict[str, float]:
-    """kubetrt serve's request and compute duration sums and counts, from its /metrics."""
+    """kubetrt serve's request and compute duration and batch size sums and counts, from its /metrics."""
     import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(f"http://127.0.0.1:{server.http_port}/metrics", timeout=10) as r:
         text = r.read().decode()
-    sums = {}
-    for line in text.splitlines():
-        for name in ("request_duration", "compute_duration", "batch_size"):
-            for part in ("sum", "count"):
-                if line.startswith(f"kubetrt_{name}_seconds_{part}{{" if name != "batch_size" else f"kubetrt_{name}_{part}{{"):
-                    sums[f"{name}_{part}"] = float(line.rsplit(" ", 1)[1])
+    wanted = {"kubetrt_request_duration_seconds": "request_duration", "kubetrt_compute_duration_seconds": "compute_duration",
+              "kubetrt_batch_size": "batch_size"}
+    sums: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            for prefix, short in wanted.items():
+                for part in ("sum", "count"):
+                    if sample.name == f"{prefix}_{part}":
+                        sums[f"{short}_{part}"] = sums.get(f"{short}_{part}", 0.0) + sample.value
     return sums
 
 

@@ -171,8 +171,10 @@ class Batcher:
         self._closed = False
         self._in_flight = 0  # batches started and not yet resolved; at most config.workers
         self._timer_armed = False
-        self._seconds_per_row = 0.0  # moving average over runs: how long the queued work will take
-        self._solo_seconds = math.inf  # moving average of one-request runs: short ones may run inline
+        # moving averages over runs (nan until measured): how long the queued work will take, and
+        # how long one request's run takes (short ones may run inline)
+        self._seconds_per_row = math.nan
+        self._solo_seconds = math.nan
         self._waiting = 0  # requests submitted and not yet resolved
         self.compute_calls = 0
         self._preferred = sorted(set(config.preferred_batch_sizes), reverse=True)
@@ -211,7 +213,7 @@ class Batcher:
         with self._cond:
             self._waiting += 1
         try:
-            if self._run_now is not None and self._solo_seconds <= INLINE_MAX_SECONDS:
+            if self._short_runs:
                 # One turn of the loop first: requests it has already received reach the batcher,
                 # and then this one is not alone and will not run inline.
                 await asyncio.sleep(0)
@@ -230,8 +232,7 @@ class Batcher:
                 raise BatcherClosed(f"model {self.name} is shutting down")
             if self._in_flight < self.config.workers and not self._queue:
                 self._in_flight += 1  # idle: this request runs now, alone
-                inline = (self._run_now is not None and self._waiting == 1
-                          and self._solo_seconds <= INLINE_MAX_SECONDS)
+                inline = self._short_runs and self._waiting == 1
                 batches = [] if inline else [[req]]
             else:
                 self._admit(req, now)
@@ -249,6 +250,11 @@ class Batcher:
             if req.timer is not None:
                 req.timer.cancel()
 
+    @property
+    def _short_runs(self) -> bool:
+        """Whether a request alone may run on the caller's thread (a `run_now`, measured fast)."""
+        return self._run_now is not None and self._solo_seconds <= INLINE_MAX_SECONDS
+
     def _run_inline(self, req: _Request) -> Outputs:
         """The one request in the server, on a model that answers faster than two hand-offs between
         threads take: run it on the caller's (the event loop's) thread."""
@@ -258,8 +264,7 @@ class Batcher:
             out = self._run_now(req.feeds)
         except BaseException as e:  # noqa: BLE001 - fails this request only, as a batch's compute error would
             self._finish([req], start, None, e, resolve=False)
-            wrapped = BatchComputeError(f"model {self.name} failed on a batch of 1 request(s): {type(e).__name__}: {e}")
-            raise wrapped from e
+            raise self._compute_error(1, e) from e
         self._finish([req], start, [out], None, resolve=False)
         return dict(out)
 
@@ -267,7 +272,7 @@ class Batcher:
         """Refuse (QueueFull) a request the queue has no room or no time for; lock held."""
         if len(self._queue) >= self.config.max_queue_size:
             raise QueueFull(f"model {self.name}: queue is full ({self.config.max_queue_size} requests waiting)")
-        if req.deadline is not None and self._seconds_per_row > 0:
+        if req.deadline is not None and self._seconds_per_row > 0:  # False while nan: not measured
             wait = (self._queued_rows + req.rows) * self._seconds_per_row
             if now + wait > req.deadline:
                 raise QueueFull(
@@ -411,39 +416,41 @@ class Batcher:
         seconds = time.monotonic() - start
         rows = sum(r.rows for r in batch)
         try:
-            self._observe(batch, start, seconds)
-            if not resolve:
-                pass
-            elif error is not None:
-                wrapped = BatchComputeError(
-                    f"model {self.name} failed on a batch of {len(batch)} request(s): {type(error).__name__}: {error}"
-                )
+            self._observe(batch, rows, start, seconds)
+            if resolve and error is not None:
+                wrapped = self._compute_error(len(batch), error)
                 wrapped.__cause__ = error
                 _resolve(batch, None, wrapped)
-            else:
+            elif resolve:
                 _resolve(batch, results, None)
         finally:
             with self._cond:
                 self.compute_calls += 1
-                if error is None and len(batch) == 1 and rows == 1:
-                    self._solo_seconds = seconds if math.isinf(self._solo_seconds) else 0.8 * self._solo_seconds + 0.2 * seconds
                 if error is None:
-                    per_row = seconds / max(rows, 1)
-                    self._seconds_per_row = per_row if self._seconds_per_row == 0 else 0.8 * self._seconds_per_row + 0.2 * per_row
+                    if rows == 1:
+                        self._solo_seconds = _moving_average(self._solo_seconds, seconds)
+                    self._seconds_per_row = _moving_average(self._seconds_per_row, seconds / max(rows, 1))
                 self._in_flight -= 1
                 batches = self._take_batches()
                 self._cond.notify_all()
             self._dispatch_all(batches)
 
-    def _observe(self, batch: list[_Request], start: float, compute_seconds: float) -> None:
+    def _compute_error(self, requests: int, error: BaseException) -> BatchComputeError:
+        return BatchComputeError(
+            f"model {self.name} failed on a batch of {requests} request(s): {type(error).__name__}: {error}"
+        )
+
+    def _observe(self, batch: list[_Request], rows: int, start: float, compute_seconds: float) -> None:
         if self._observer is None:
             return
         try:
-            self._observer.on_batch(
-                sum(r.rows for r in batch), len(batch), [start - r.enqueued for r in batch], compute_seconds
-            )
+            self._observer.on_batch(rows, len(batch), [start - r.enqueued for r in batch], compute_seconds)
         except Exception:  # noqa: BLE001 - metrics must never fail a request
             pass
+
+
+def _moving_average(average: float, sample: float) -> float:
+    return sample if math.isnan(average) else 0.8 * average + 0.2 * sample
 
 
 def _pad(feeds: Feeds, rows: int, size: int) -> Feeds:

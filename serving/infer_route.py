@@ -30,6 +30,7 @@ logger = logging.getLogger("kubetrt.serving")
 OFFLOAD_BYTES = 128 << 10
 _codec_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubetrt-codec")
 _JSON = [(b"content-type", b"application/json")]
+_HEADER_LENGTH = oip.HEADER_LENGTH.encode()
 
 
 def infer_target(path: str) -> tuple[str, str | None] | None:
@@ -88,7 +89,7 @@ class InferRoute:
                 out_headers = _JSON
             else:
                 out_headers = [(b"content-type", b"application/octet-stream"),
-                               (b"inference-header-content-length", str(header_length).encode())]
+                               (_HEADER_LENGTH, str(header_length).encode())]
         except ServingError as e:
             if e.status == 500:  # a runtime fault on a valid request; 4xx/503/504 are the client's news
                 log(logger, logging.WARNING, "inference failed", path=scope["path"], error=e.message)
@@ -105,7 +106,7 @@ class InferRoute:
                      receive: Receive) -> tuple[bytes, int | None]:
         served = lookup(self.registry, *target)
         declared = headers.get(b"content-length")
-        raw_header_length = headers.get(b"inference-header-content-length")
+        raw_header_length = headers.get(_HEADER_LENGTH)
 
         async def handle() -> tuple[bytes, int | None]:
             body = await read_body(receive, declared.decode("latin-1") if declared is not None else None,

@@ -18,6 +18,7 @@ from typing import Any
 import json
 
 import numpy as np
+import orjson
 import simdjson
 
 LONG_ARRAY = 64  # shorter arrays (shapes, a few values) are as cheap as Python values
@@ -46,6 +47,16 @@ class LazyArray:
             return np.frombuffer(self._array.as_buffer(of_type=kind), dtype=_BUFFER_TYPES[kind])
         except (TypeError, ValueError):  # a boolean, string, null or out-of-range number among them
             return None
+
+
+def loads_values(body: bytes | bytearray | memoryview) -> Any:
+    """The whole JSON document as Python values: orjson, and Python's json where orjson refuses what
+    json reads (NaN, 1e400, integers past 64 bits); ValueError (json's message) when malformed."""
+    data = bytes(body) if not isinstance(body, bytes) else body
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return json.loads(data)
 
 
 def loads(body: bytes | bytearray | memoryview) -> Any:

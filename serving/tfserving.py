@@ -10,6 +10,7 @@ import numpy as np
 
 from kubetrt.runtime.package import TensorSpec
 
+from . import json_arrays
 from .errors import BadRequest
 from .tensors import array_from_json, json_value
 
@@ -36,7 +37,7 @@ def decode_predict(
 ) -> tuple[dict[str, np.ndarray], bool]:
     """-> (feeds, columnar). Row format stacks per-instance values on a new dim 0."""
     try:
-        doc = orjson.loads(body)
+        doc = json_arrays.loads_values(body)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"malformed JSON in the request body: {e}") from None
     if not isinstance(doc, dict):

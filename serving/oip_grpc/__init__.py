@@ -26,15 +26,10 @@ def message_class(name: str) -> Any:
     return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"inference.{name}"))
 
 
-ServerLiveRequest = message_class("ServerLiveRequest")
 ServerLiveResponse = message_class("ServerLiveResponse")
-ServerReadyRequest = message_class("ServerReadyRequest")
 ServerReadyResponse = message_class("ServerReadyResponse")
-ModelReadyRequest = message_class("ModelReadyRequest")
 ModelReadyResponse = message_class("ModelReadyResponse")
-ServerMetadataRequest = message_class("ServerMetadataRequest")
 ServerMetadataResponse = message_class("ServerMetadataResponse")
-ModelMetadataRequest = message_class("ModelMetadataRequest")
 ModelMetadataResponse = message_class("ModelMetadataResponse")
 ModelInferRequest = message_class("ModelInferRequest")
 ModelInferResponse = message_class("ModelInferResponse")

@@ -128,6 +128,8 @@ def test_what_simdjson_refuses_python_reads_as_before():
     doc = ja.loads(b'{"a": [NaN, 1e400, 100000000000000000000000]}')
     assert np.isnan(doc["a"][0]) and doc["a"][1] == float("inf") and doc["a"][2] == 10**23
     assert ja.loads(b'{"id": {"\\u0000": null}}') == {"id": {"\x00": None}}  # found by the fuzz test
+    values = ja.loads_values(b'{"a": [NaN, 1e400, 100000000000000000000000]}')  # TF Serving REST's reading
+    assert np.isnan(values["a"][0]) and values["a"][1] == float("inf") and values["a"][2] == 10**23
 
 
 def test_oip_request_names_the_tensor_in_errors():
