@@ -84,6 +84,18 @@ def apply_plan(kube: KubeClient, namespace: str, plan: reconcile.Plan, observed:
         kube.delete(api_version, kind, namespace, name)
 
 
+def _read_live(kube: KubeClient, what: tuple[str, str], namespace: str, name: str) -> dict[str, Any] | None:
+    """The object as the API server has it now, with apiVersion, kind and namespace filled in (the
+    planners and _status_written read them); None if it is gone or being deleted."""
+    obj = kube.get(*what, namespace, name)
+    if obj is None or (obj.get("metadata") or {}).get("deletionTimestamp"):
+        return None
+    obj.setdefault("apiVersion", what[0])
+    obj.setdefault("kind", what[1])
+    obj["metadata"].setdefault("namespace", namespace)
+    return obj
+
+
 def _status_written(kube: KubeClient, what: tuple[str, str], obj: Mapping[str, Any], status: Mapping[str, Any]) -> bool:
     """Write `status` over the version of `obj` it was computed from; False on a 409 Conflict (the
     object changed since it was read: the caller plans again from a fresh read)."""
@@ -103,12 +115,9 @@ def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: s
     """Reconcile one ModelDeployment; returns the status written (None if it is gone)."""
     with _lock("md", namespace, name):
         for attempt in range(STATUS_ATTEMPTS):
-            md = kube.get(*MD, namespace, name)
-            if md is None or (md.get("metadata") or {}).get("deletionTimestamp"):
+            md = _read_live(kube, MD, namespace, name)
+            if md is None:
                 return None
-            md.setdefault("apiVersion", MD[0])
-            md.setdefault("kind", MD[1])
-            md["metadata"].setdefault("namespace", namespace)
             observed = observe(kube, namespace, name)
             plan = reconcile.plan_model_deployment(md, observed, config, now_iso())
             apply_plan(kube, namespace, plan, observed)
@@ -122,12 +131,9 @@ def sync_engine_build(kube: KubeClient, config: OperatorConfig, namespace: str, 
     """Reconcile one EngineBuild: ensure its Job, follow the Job into the status."""
     with _lock("eb", namespace, name):
         for attempt in range(STATUS_ATTEMPTS):
-            eb = kube.get(*EB, namespace, name)
-            if eb is None or (eb.get("metadata") or {}).get("deletionTimestamp"):
+            eb = _read_live(kube, EB, namespace, name)
+            if eb is None:
                 return None
-            eb.setdefault("apiVersion", EB[0])
-            eb.setdefault("kind", EB[1])
-            eb["metadata"].setdefault("namespace", namespace)
             job = kube.get("batch/v1", "Job", namespace, name)
             pods: list[dict[str, Any]] = []
             if job is not None and (job.get("status") or {}).get("conditions"):

@@ -44,7 +44,7 @@ from typing import Any, Callable, Mapping
 import kubernetes
 
 import downward_api
-from podman_pods import _resources, _security, _user, logs, podman
+from podman_pods import _resources, _security, _user, logs, podman, process_args, termination_log
 
 CLUSTER_LABEL = "io.kubetrt.cluster"  # on every container the agent starts; e2e-cluster.sh removes leftovers by it
 POD_VIEW_OF_HOST = "10.0.2.2"
@@ -374,23 +374,11 @@ class NodeAgent:
         for port in c.get("ports") or []:
             args += ["-p", f"{ip}:{port['containerPort']}:{port['containerPort']}/{port.get('protocol', 'TCP').lower()}"]
         args += self._volumes(pod, c, pod_dir)
-        term_path = c.get("terminationMessagePath", "/dev/termination-log")
-        term_host = pod_dir / "termination-log"
-        term_host.write_text("")
-        os.chmod(term_host, 0o666)
-        args += ["-v", f"{term_host}:{term_path}"]
+        term_host, term_mount = termination_log(c, pod_dir)
         env = {"KUBERNETES_SERVICE_HOST": POD_VIEW_OF_HOST, "KUBERNETES_SERVICE_PORT": str(self.api_port),
-               "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port)}
-        resolved = downward_api.container_env(c, name, ns, secrets=self._secrets(ns, c))
-        for key, value in resolved.items():
-            env[key] = value
-        for key, value in env.items():
-            args += ["--env", f"{key}={value}"]
-        if c.get("workingDir"):
-            args += ["--workdir", c["workingDir"]]
-        if c.get("command"):
-            args += ["--entrypoint", json.dumps(c["command"])]
-        args += [c["image"], *[str(a) for a in c.get("args") or []]]
+               "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
+               **downward_api.container_env(c, name, ns, secrets=self._secrets(ns, c))}
+        args += [*term_mount, *process_args(c, env)]
         podman("rm", "-f", "-t", "0", container, check=False)
         running = RunningPod(uid, ns, name, container, c, ip, pod_dir, term_host, spec.get("restartPolicy", "Always"),
                              now())

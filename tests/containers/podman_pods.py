@@ -72,6 +72,25 @@ def logs(name: str) -> str:
     return proc.stdout + proc.stderr
 
 
+def termination_log(c: Mapping[str, Any], pod_dir: Path) -> tuple[Path, list[str]]:
+    """The file the container's terminationMessagePath is, on the node (writable by the container's
+    user, as the kubelet's is), and its `podman run` mount."""
+    term_host = pod_dir / "termination-log"
+    term_host.write_text("")
+    os.chmod(term_host, 0o666)
+    return term_host, ["-v", f"{term_host}:{c.get('terminationMessagePath', '/dev/termination-log')}"]
+
+
+def process_args(c: Mapping[str, Any], env: Mapping[str, str]) -> list[str]:
+    """The container's env, working directory, command, image and args as `podman run` arguments."""
+    args = [arg for key, value in env.items() for arg in ("--env", f"{key}={value}")]
+    if c.get("workingDir"):
+        args += ["--workdir", c["workingDir"]]
+    if c.get("command"):
+        args += ["--entrypoint", json.dumps(c["command"])]
+    return [*args, c["image"], *[str(a) for a in c.get("args") or []]]
+
+
 def image_exists(image: str) -> bool:
     return podman("image", "exists", image, check=False).returncode == 0
 
@@ -233,18 +252,8 @@ def run_pod(obj: Mapping[str, Any], pod_name: str, *, container: str | None = No
             args += ["-v", f"{path}:{mount['mountPath']}{ro}"]
         else:
             raise PodError(f"volume {mount['name']}: only emptyDir and hostPath are supported here: {vol!r}")
-    term_path = c.get("terminationMessagePath", "/dev/termination-log")
-    term_host = pod_dir / "termination-log"
-    term_host.write_text("")
-    os.chmod(term_host, 0o666)  # the kubelet's file is writable by the container's user
-    args += ["-v", f"{term_host}:{term_path}"]
-    for key, value in container_env(c, pod_name, namespace).items():
-        args += ["--env", f"{key}={value}"]
-    if c.get("workingDir"):
-        args += ["--workdir", c["workingDir"]]
-    if c.get("command"):
-        args += ["--entrypoint", json.dumps(c["command"])]
-    args += [c["image"], *[str(a) for a in c.get("args") or []]]
+    term_host, term_mount = termination_log(c, pod_dir)
+    args += [*term_mount, *process_args(c, container_env(c, pod_name, namespace))]
     podman("rm", "-f", "-t", "0", name, check=False)
     podman(*args)
     return RunPod(name, ["podman", *args], pod_dir, term_host, c.get("terminationMessagePolicy", "File"),
