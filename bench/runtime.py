@@ -47,6 +47,8 @@ INT8_ENGINES = ("kubetrt-int8", "onnxruntime-int8")
 BASELINE = "baseline"
 CALIBRATION_SAMPLES = 8
 MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50", "efficientnet_b0", "transformer")
+# Models no kernel or heuristic was tuned on, measured to show a gain carries over (--models all)
+UNTUNED = ("bn_cnn", "densenet121", "gru_text")
 BATCHES = (1, 32)
 ERROR_CHARS = 400  # a failed cell's reason, one line
 
@@ -60,10 +62,12 @@ def _progress(msg: str) -> None:
 
 
 def feeds_for(package: Path, batch: int) -> dict[str, np.ndarray]:
+    """Seeded inputs as the pipeline draws its golden ones (ints are valid ids: a text model's tokens)."""
+    from kubetrt.pipeline.lower import random_inputs
     from kubetrt.runtime.package import read_manifest
 
-    rng = np.random.default_rng(batch)
-    return {t.name: rng.standard_normal([batch if d == -1 else d for d in t.shape]).astype(t.dtype) for t in read_manifest(package).inputs}
+    inputs = read_manifest(package).inputs
+    return random_inputs(inputs, {t.name: tuple(t.shape[1:]) for t in inputs}, batch, np.random.default_rng(batch))
 
 
 def int8_model(package: Path) -> Path:
@@ -335,7 +339,8 @@ def best_peer_lines(times: dict[tuple[str, str, int], float], models: list[str],
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS + UNTUNED + ("all",),
+                   help=f"'all' adds the models nothing was tuned on: {', '.join(UNTUNED)}")
     p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=ENGINES + INT8_ENGINES)
     p.add_argument("--int8", action="store_true", help=f"add {' and '.join(INT8_ENGINES)} (the same Q/DQ model)")
     p.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell, split over the rounds")
@@ -358,8 +363,12 @@ def main() -> int:
         return 0
 
     sys.path.insert(0, str(HERE))
+    from _machine import cpu_line, cpu_tag
     from _zoo import zoo
 
+    if "all" in a.models:
+        a.models = list(dict.fromkeys(m for m in (*MODELS, *UNTUNED, *a.models) if m != "all"))
+    print(cpu_line(), flush=True)
     z = zoo()
     paths: dict[str, tuple[Path, Path]] = {}
     unprepared: dict[str, str] = {}  # model -> why it could not be lowered (or quantized)
@@ -387,7 +396,8 @@ def main() -> int:
     from kubetrt.runtime.kernels import blas, onednn
 
     times = {cell: r["median_s"] for cell, r in results.items()}
-    print(f"\nfp32 matmul peak (NumPy sgemm 4096^3, {os.cpu_count()} cores): {peak:.1f} GFLOP/s")
+    print(f"\n{cpu_line()}")
+    print(f"fp32 matmul peak (NumPy sgemm 4096^3, {os.cpu_count()} cores): {peak:.1f} GFLOP/s")
     if a.baseline is not None:
         sources: dict[str, str] = {}
         for (e, _, _), r in results.items():
@@ -415,7 +425,7 @@ def main() -> int:
                     if e != "kubetrt":
                         other = times.get((e, m, batch))
                         row += f"{other / mine:>20.2f}x" if other is not None and mine is not None else f"{'-':>21}"
-            print(row)
+            print(f"{row}  {cpu_tag()}")
     print("\nratios: >1 means kubetrt is faster (batch 1: latency ratio; batch 32: throughput ratio)")
     if "kubetrt-int8" in engines:
         print("\nkubetrt int8 speed-up (time of the other / time of kubetrt int8):")
@@ -424,7 +434,7 @@ def main() -> int:
                 int8 = times.get(("kubetrt-int8", m, batch))
                 ratios = ", ".join(f"vs {e} {times[(e, m, batch)] / int8:.2f}x" for e in engines
                                    if e != "kubetrt-int8" and int8 is not None and (e, m, batch) in times)
-                print(f"  {m:<16} batch {batch:>2}: {ratios or 'n/a (kubetrt-int8 failed)'}")
+                print(f"  {m:<16} batch {batch:>2}: {ratios or 'n/a (kubetrt-int8 failed)'}  {cpu_tag()}")
         print(f"bf16: {bf16_note()}")
     if ("kubetrt", "resnet50", 32) in results:
         flops = model_flops(paths["resnet50"][0])
@@ -439,7 +449,7 @@ def main() -> int:
     lines = best_peer_lines(times, models, engines)
     if lines:
         print(f"\nbest peer ({' or '.join(e for e in PEERS if e in engines)}) time / kubetrt time, fp32; 1.0 = parity, >1 kubetrt is faster:")
-        print("\n".join(lines))
+        print("\n".join(f"{line}  {cpu_tag()}" for line in lines))
     return 0
 
 

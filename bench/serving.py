@@ -601,25 +601,6 @@ def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[s
     return cells
 
 
-def cpu_line() -> str:
-    """CPU model, cores and the ISA oneDNN dispatches to (as bench/runtime.py reports it)."""
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    try:
-        from kubetrt.runtime.kernels import onednn
-
-        isa = onednn.isa_name() if onednn.AVAILABLE else "oneDNN not installed"
-    except Exception as err:  # noqa: BLE001 - the header says why the ISA is unknown
-        isa = f"unknown ({type(err).__name__})"
-    return f"CPU: {model}, {os.cpu_count()} cores, ISA {isa}"
-
-
 def peer_versions(servers: list[str]) -> str:
     """The pinned versions each peer's venv holds (bench/peers/setup.sh writes freeze.txt)."""
     wanted = ("mlserver", "kserve", "nvidia-pytriton", "onnxruntime")
@@ -708,6 +689,9 @@ def main(argv: list[str] | None = None) -> int:
                                            a.timeout, server_dir, a.device)
     print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
           f"servers taking turns; REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s")
+    sys.path.insert(0, str(HERE))
+    from _machine import cpu_line
+
     print(cpu_line())
     print(f"Python {platform.python_version()} ({sys.executable}); peers in {CACHE / 'peers'}: {peer_versions(a.servers)}\n")
     report(cells, a.models, a.protocols, a.clients, a.servers)

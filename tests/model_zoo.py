@@ -142,6 +142,38 @@ def build_efficientnet_b0(path: Path) -> None:
     _application(path, "EfficientNetB0", 13)
 
 
+def build_densenet121(path: Path) -> None:
+    _application(path, "DenseNet121", 14)
+
+
+def build_bn_cnn(path: Path) -> None:
+    """A plain VGG-style CNN (conv, batch norm, relu, max-pool) of the kind users write themselves."""
+    keras = _keras()
+    keras.utils.set_random_seed(15)
+    L = keras.layers
+    x = inp = keras.Input((64, 64, 3), name="image")
+    for filters in (32, 64, 128):
+        x = L.Conv2D(filters, 3, padding="same", use_bias=False)(x)
+        x = L.ReLU()(L.BatchNormalization()(x))
+        x = L.MaxPooling2D()(x)
+    x = L.GlobalAveragePooling2D()(x)
+    out = L.Dense(10, activation="softmax")(L.Dense(64, activation="relu")(x))
+    model = keras.Model(inp, out, name="bn_cnn")
+    randomize_batchnorm(model, np.random.default_rng(15))
+    _export(model, path)
+
+
+def build_gru_text(path: Path) -> None:
+    """A text classifier: token ids -> Embedding 64 -> GRU 128 -> Dense 2 (sentiment-style)."""
+    keras = _keras()
+    keras.utils.set_random_seed(16)
+    L = keras.layers
+    inp = keras.Input((64,), dtype="int32", name="tokens")
+    x = L.Embedding(1000, 64)(inp)
+    x = L.GRU(128)(x)
+    _export(keras.Model(inp, L.Dense(2, activation="softmax")(x), name="gru_text"), path)
+
+
 def build_two_in_two_out(path: Path) -> None:
     """Inputs of different dtype and rank, two named outputs of different rank (tf.Module)."""
     from kubetrt.pipeline.ingest import tensorflow
@@ -295,6 +327,9 @@ MODELS: dict[str, ZooModel] = {
         ZooModel("mobilenet_v2", build_mobilenet_v2, True, "keras.applications.MobileNetV2, 224x224x3, random weights"),
         ZooModel("resnet50", build_resnet50, True, "keras.applications.ResNet50, 224x224x3, random weights"),
         ZooModel("efficientnet_b0", build_efficientnet_b0, True, "keras.applications.EfficientNetB0, 224x224x3, random weights"),
+        ZooModel("densenet121", build_densenet121, True, "keras.applications.DenseNet121, 224x224x3, random weights"),
+        ZooModel("bn_cnn", build_bn_cnn, False, "64x64x3 (Conv 3x3 + BN + ReLU + MaxPool) x3, GAP, Dense 64, Dense 10"),
+        ZooModel("gru_text", build_gru_text, False, "tokens i32[-1,64] -> Embedding 64 -> GRU 128 -> Dense 2 softmax"),
         ZooModel("unet", build_unet, False, "32x32x3 encoder-decoder: Conv2DTranspose, skip concat, UpSampling2D nearest+bilinear"),
         ZooModel("resize", build_resize, False, "12x16x3 -> Resizing bilinear/nearest, up and down"),
         ZooModel("lstm", build_lstm, False, "sequence f32[-1,-1,12] -> LSTM 24 (sequences) -> LSTM 16 -> Dense 4",

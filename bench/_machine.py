@@ -1,0 +1,56 @@
+"""Where a number was measured: the CPU model, its vector ISA and the one oneDNN dispatches to.
+
+Every bench prints this with its results, since the same cell can flip between an AVX2 and an
+AVX-512 machine of the same cloud family."""
+from __future__ import annotations
+
+import os
+import platform
+from functools import lru_cache
+from pathlib import Path
+
+# /proc/cpuinfo flag -> the name a reader looks for, widest last within each family
+_ISA_FLAGS = (("avx2", "AVX2"), ("avx_vnni", "AVX-VNNI"), ("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"),
+              ("avx512_bf16", "BF16"), ("amx_tile", "AMX"))
+
+
+@lru_cache(maxsize=1)
+def _cpuinfo() -> tuple[str, frozenset[str]]:
+    """The first processor's model name and flags (all processors of a VM report the same)."""
+    fields: dict[str, str] = {}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
+    except OSError:
+        pass
+    return fields.get("model name") or platform.processor() or "unknown CPU", frozenset(fields.get("flags", "").split())
+
+
+def cpu_model() -> str:
+    return _cpuinfo()[0]
+
+
+def isa_features() -> str:
+    """The vector extensions this CPU has that change which kernels run: 'AVX2 AVX-512 VNNI'."""
+    flags = _cpuinfo()[1]
+    return " ".join(name for flag, name in _ISA_FLAGS if flag in flags) or "no AVX2"
+
+
+def onednn_isa() -> str:
+    try:
+        from kubetrt.runtime.kernels import onednn
+
+        return onednn.isa_name() if onednn.AVAILABLE else "oneDNN not installed"
+    except Exception as err:  # noqa: BLE001 - the line says why the ISA is unknown
+        return f"unknown ({type(err).__name__})"
+
+
+def cpu_line() -> str:
+    """The header line: model, cores, the CPU's extensions and oneDNN's dispatch."""
+    return f"CPU: {cpu_model()}, {os.cpu_count()} cores, {isa_features()}; oneDNN ISA {onednn_isa()}"
+
+
+def cpu_tag() -> str:
+    """The short form each result line carries: '[AMD EPYC | avx512_core_bf16]'."""
+    return f"[{cpu_model()} | {onednn_isa()}]"
