@@ -12,8 +12,8 @@ compile-time --target list is only its default) instead of a static per-GPU fan-
 The accelerator type is the constant nvidia.com/gpu; the toleration for the usual
 nvidia.com/gpu:NoSchedule taint is static (harmless on CPU nodes).
 
-Components import kubetrt inside their bodies (they run in `image`, a pipeline parameter, which
-must have kubetrt installed), install nothing at run time (packages_to_install is empty,
+Components import kubetrt inside their bodies (they run in `image`, a pipeline parameter whose
+default DEFAULT_IMAGE docker/pipeline.Dockerfile builds), install nothing at run time (packages_to_install is empty,
 install_kfp_package=False), and so run unchanged under kfp.local.SubprocessRunner(use_venv=False).
 """
 import contextlib
@@ -27,9 +27,13 @@ from typing import Any, Iterator, List, NamedTuple, Sequence
 from kfp import dsl, kubernetes
 from kfp.dsl import Artifact, Input, Model, Output
 
+from kubetrt import __version__
 from kubetrt.operators.names import GPU_RESOURCE, GPU_TAINT_EFFECT, GPU_TAINT_KEY
 
-DEFAULT_IMAGE = "ghcr.io/kubetrt/kubetrt:0.1.0"
+# The components' image: docker/pipeline.Dockerfile, tagged with the project's version as the
+# operator, serving and builder images are. The pipeline's `image` parameter overrides it per run.
+IMAGE_REPOSITORY = "ghcr.io/kubetrt/pipeline"
+DEFAULT_IMAGE = f"{IMAGE_REPOSITORY}:{__version__}"
 PIPELINE_NAME = "kubetrt-optimize"
 _COMPONENT = dict(base_image=DEFAULT_IMAGE, packages_to_install=[], install_kfp_package=False)
 

@@ -2,7 +2,8 @@
 # The project's images, built with podman and no registry (scripts/e2e-containers.sh and
 # scripts/e2e-cluster.sh run it first; DESIGN.md "Test environment" has the recipe):
 #   podman (+ runc, debootstrap, catatonit, slirp4netns) from Debian -> a Debian bookworm base image
-#   made by debootstrap -> localhost/kubetrt/{serving,builder,operator}:e2e. Also writes the
+#   made by debootstrap -> localhost/kubetrt/{serving,builder,operator,pipeline}:e2e (pipeline: the
+#   Kubeflow components' image, TensorFlow included). Also writes the
 #   containers.conf the callers pass as CONTAINERS_CONF ($KUBETRT_E2E_DIR/containers.conf).
 #
 # Run as root on Debian bookworm. Idempotent: installed packages, the base image and image layers
@@ -127,16 +128,18 @@ build_failed() {
   tail -n 60 "$WORK/build-$1.log" >&2
   die "podman build $1 (full log: $WORK/build-$1.log)"
 }
-# Serving first: it makes the dependency layer the other two share (same instructions, same
+# Serving first: it makes the dependency layer the others share (same instructions, same
 # parent), which they then build on in parallel.
 step "building image serving (podman build)"
 fresh=(); [ "${KUBETRT_E2E_REBUILD:-0}" = 1 ] && fresh=(--no-cache)
 build_image serving "${fresh[@]}" || build_failed serving
 done_step
-step "building images builder, operator (podman build, in parallel)"
+step "building images builder, operator, pipeline (podman build, in parallel)"
 build_image builder & b=$!
 build_image operator & o=$!
+build_image pipeline & p=$!
 wait "$b" || build_failed builder
 wait "$o" || build_failed operator
+wait "$p" || build_failed pipeline
 sizes="$(podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep "kubetrt/.*:$TAG" | sed 's|localhost/kubetrt/||' | tr '\n' ' ')"
 done_step "$sizes"
