@@ -116,8 +116,8 @@ def manifest_labels(version: str) -> tuple[dict[str, str], dict[str, str]]:
     return {**selector, LABEL_APP_PART_OF: APP_NAME, LABEL_APP_VERSION: version}, selector
 
 
-def _image(ref: Mapping[str, str]) -> str:
-    return f"{ref['repository']}:{ref['tag']}"  # as the chart's "kubetrt.image" helper
+def _image(ref: Mapping[str, str], app_version: str) -> str:
+    return f"{ref['repository']}:{ref.get('tag') or app_version}"  # as the chart's "kubetrt.image" helper
 
 
 def settings_from_values(values: Mapping[str, Any], app_version: str) -> dict[str, Any]:
@@ -132,10 +132,10 @@ def settings_from_values(values: Mapping[str, Any], app_version: str) -> dict[st
         "selector_labels": selector,
         "replicas": values["replicaCount"],
         "service_account": values.get("serviceAccount", {}).get("name") or OPERATOR_NAME,
-        "image": _image(images["operator"]),
+        "image": _image(images["operator"], app_version),
         "pull_policy": images["pullPolicy"],
-        "serving_image": _image(images["serving"]),
-        "builder_image": _image(images["builder"]),
+        "serving_image": _image(images["serving"], app_version),
+        "builder_image": _image(images["builder"], app_version),
         "job_ttl_seconds": operator["jobTTLSeconds"],
         "cluster_domain": operator["clusterDomain"],
         "peering": values["peering"]["name"],
@@ -227,10 +227,10 @@ def chart_template() -> str:
         selector_labels=p.block('include "kubetrt.selectorLabels" .'),
         replicas=p.value(".Values.replicaCount"),
         service_account=p.value('include "kubetrt.serviceAccountName" .'),
-        image=p.value('include "kubetrt.image" .Values.image.operator | quote'),
+        image=p.value('include \"kubetrt.image\" (list . .Values.image.operator) | quote'),
         pull_policy=p.value(".Values.image.pullPolicy | quote"),
-        serving_image=p.value('include "kubetrt.image" .Values.image.serving | quote'),
-        builder_image=p.value('include "kubetrt.image" .Values.image.builder | quote'),
+        serving_image=p.value('include \"kubetrt.image\" (list . .Values.image.serving) | quote'),
+        builder_image=p.value('include \"kubetrt.image\" (list . .Values.image.builder) | quote'),
         job_ttl_seconds=p.value(".Values.operator.jobTTLSeconds | quote"),
         cluster_domain=p.value(".Values.operator.clusterDomain | quote"),
         peering=p.value(".Values.peering.name"),

@@ -1,8 +1,19 @@
+{{- /* The chart's name, or nameOverride: the app.kubernetes.io/name label. */ -}}
+{{- define "kubetrt.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{- /* Prefix of every object's name: fullnameOverride, else the release name with the chart's name. */ -}}
 {{- define "kubetrt.fullname" -}}
-{{- if contains .Chart.Name .Release.Name -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 63 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := include "kubetrt.name" . -}}
+{{- if contains $name .Release.Name -}}
 {{- .Release.Name | trunc 63 | trimSuffix "-" -}}
 {{- else -}}
-{{- printf "%s-%s" .Release.Name .Chart.Name | trunc 63 | trimSuffix "-" -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -11,7 +22,7 @@
 {{- end -}}
 
 {{- define "kubetrt.selectorLabels" -}}
-app.kubernetes.io/name: {{ .Chart.Name }}
+app.kubernetes.io/name: {{ include "kubetrt.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 app.kubernetes.io/component: operator
 {{- end -}}
@@ -32,6 +43,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" }}
 {{- end -}}
 {{- end -}}
 
+{{- /* REPOSITORY:TAG of one image of .Values.image, called with (list $ IMAGE): an empty tag is the chart's appVersion. */ -}}
 {{- define "kubetrt.image" -}}
-{{- printf "%s:%s" .repository .tag -}}
+{{- $root := index . 0 -}}
+{{- $image := index . 1 -}}
+{{- printf "%s:%s" $image.repository (default $root.Chart.AppVersion $image.tag) -}}
 {{- end -}}
