@@ -11,15 +11,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from typing import Any, Mapping
+from typing import Any, Mapping, cast
 
 import kopf
 
-from kubetrt.operators import sync
+from kubetrt.operators import reconcile, sync
 from kubetrt.operators.kube import KubeClient
 from kubetrt.operators.names import (ENV_POD_NAME, FINALIZER, GROUP, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT,
-                                     LABEL_APP_MANAGED_BY, MANAGED_BY, PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS,
-                                     VERSION)
+                                     LABEL_APP_COMPONENT, LABEL_APP_MANAGED_BY, LABEL_BUILD, LABEL_MD, MANAGED_BY,
+                                     PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS, VERSION)
 from kubetrt.operators.objects import OperatorConfig
 
 log = logging.getLogger("kubetrt.operators")
@@ -39,6 +39,13 @@ def peering_priority(env: Mapping[str, str] | None = None) -> int:
         return int(env["KUBETRT_PEERING_PRIORITY"])
     ident = env.get(ENV_POD_NAME) or env.get("HOSTNAME") or "kubetrt"
     return int(hashlib.sha256(ident.encode()).hexdigest()[:7], 16) % 100_000
+
+
+def post_event(obj: Mapping[str, Any], event: reconcile.Event) -> None:
+    """Record ``event`` on ``obj`` as a Kubernetes Event through kopf's poster (it runs in the
+    operator's loop; kopf.event may be called from the sync handlers' threads)."""
+    sync.log_event(obj, event)
+    kopf.event(cast(kopf.Body, dict(obj)), type=event.type, reason=event.reason, message=event.message[:1024])
 
 
 def _owner(meta: Mapping[str, Any], kind: str) -> str | None:
@@ -66,7 +73,7 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.create(*MD, registry=registry)
     @kopf.on.update(*MD, field="spec", registry=registry)
     def model_deployment_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-        sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), name)
+        sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), name, post_event)
 
     # EngineBuild: ensure its Job; every change of it (status included) re-syncs its ModelDeployment.
     @kopf.on.event(*EB, registry=registry)
@@ -74,23 +81,34 @@ def register(registry: kopf.OperatorRegistry) -> None:
                            memo: kopf.Memo, **_: Any) -> None:
         namespace = _namespaced(namespace)
         if type != "DELETED":
-            sync.sync_engine_build(memo.kube, memo.config, namespace, name)
+            sync.sync_engine_build(memo.kube, memo.config, namespace, name, post_event)
         owner = body.get("spec", {}).get("modelDeployment", {}).get("name") or _owner(body.meta, KIND_MODEL_DEPLOYMENT)
         if owner:
-            sync.sync_model_deployment(memo.kube, memo.config, namespace, owner)
+            sync.sync_model_deployment(memo.kube, memo.config, namespace, owner, post_event)
 
     # Children: build Jobs move their EngineBuild; serving Deployments move their ModelDeployment.
     @kopf.on.event("batch", "v1", "jobs", labels=MANAGED, registry=registry)
     def job_event(meta: kopf.Meta, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
         owner = _owner(meta, KIND_ENGINE_BUILD)
         if owner:
-            sync.sync_engine_build(memo.kube, memo.config, _namespaced(namespace), owner)
+            sync.sync_engine_build(memo.kube, memo.config, _namespaced(namespace), owner, post_event)
 
     @kopf.on.event("apps", "v1", "deployments", labels=MANAGED, registry=registry)
     def deployment_event(meta: kopf.Meta, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
         owner = _owner(meta, KIND_MODEL_DEPLOYMENT)
         if owner:
-            sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), owner)
+            sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), owner, post_event)
+
+    # Pods: a Job or Deployment does not change when its pod cannot be scheduled, pulled or made
+    # ready; the pod's own events carry those reasons into the build's and the target's status.
+    @kopf.on.event("", "v1", "pods", labels=MANAGED, registry=registry)
+    def pod_event(type: str | None, meta: kopf.Meta, namespace: str | None, memo: kopf.Memo, **_: Any) -> None:
+        labels = meta.get("labels") or {}
+        namespace = _namespaced(namespace)
+        if labels.get(LABEL_BUILD):
+            sync.sync_engine_build(memo.kube, memo.config, namespace, labels[LABEL_BUILD], post_event)
+        elif labels.get(LABEL_APP_COMPONENT) == "serving" and labels.get(LABEL_MD):
+            sync.sync_model_deployment(memo.kube, memo.config, namespace, labels[LABEL_MD], post_event)
 
 
 

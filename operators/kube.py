@@ -24,6 +24,7 @@ RESOURCES: dict[tuple[str, str], str] = {
     ("batch/v1", "Job"): "jobs",
     ("v1", "Service"): "services",
     ("v1", "Pod"): "pods",
+    ("v1", "Node"): "nodes",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
 }
 
@@ -92,8 +93,10 @@ class KubeClient:
                 return None
             raise
 
-    def list(self, api_version: str, kind: str, namespace: str, labels: Mapping[str, str]) -> list[dict[str, Any]]:
-        """Objects with all ``labels``; also filtered here, so a server that ignores selectors is fine."""
+    def list(self, api_version: str, kind: str, namespace: str | None,
+             labels: Mapping[str, str]) -> list[dict[str, Any]]:
+        """Objects with all ``labels`` (namespace None: a cluster-scoped kind); also filtered here, so
+        a server that ignores selectors is fine."""
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         data = self._call("GET", self._path(api_version, kind, namespace), query=[("labelSelector", selector)])
         items = []

@@ -26,6 +26,8 @@ PLURAL_ENGINE_BUILDS = "enginebuilds"
 LABEL_MD = f"{GROUP}/model-deployment"
 LABEL_TARGET = f"{GROUP}/target"
 LABEL_BUILD = f"{GROUP}/engine-build"
+# primary or fallback: the main Service selects fallback targets' pods only while no primary serves.
+LABEL_ROLE = f"{GROUP}/role"
 ANN_ENGINE_KEY = f"{GROUP}/engine-key"
 ANN_ENGINE_BUILD = f"{GROUP}/engine-build"
 ANN_SPEC_HASH = f"{GROUP}/spec-hash"
@@ -51,8 +53,11 @@ OPERATOR_NAMESPACE = "kubetrt-system"
 
 # ----------------------------------------------------------------------------- operator settings (env)
 # Written by the operator Deployment (operators/install.py), read by OperatorConfig.from_env.
+# The CPU images serve and build host targets; the _GPU ones (CUDA, CuPy, TensorRT) GPU targets.
 ENV_SERVING_IMAGE = "KUBETRT_SERVING_IMAGE"
 ENV_BUILDER_IMAGE = "KUBETRT_BUILDER_IMAGE"
+ENV_SERVING_IMAGE_GPU = "KUBETRT_SERVING_IMAGE_GPU"
+ENV_BUILDER_IMAGE_GPU = "KUBETRT_BUILDER_IMAGE_GPU"
 ENV_IMAGE_PULL_POLICY = "KUBETRT_IMAGE_PULL_POLICY"
 ENV_JOB_TTL_SECONDS = "KUBETRT_JOB_TTL_SECONDS"
 ENV_CLUSTER_DOMAIN = "KUBETRT_CLUSTER_DOMAIN"

@@ -19,10 +19,12 @@ from kubetrt.operators.names import (
     API_VERSION,
     APP_NAME,
     ENV_BUILDER_IMAGE,
+    ENV_BUILDER_IMAGE_GPU,
     ENV_CLUSTER_DOMAIN,
     ENV_IMAGE_PULL_POLICY,
     ENV_JOB_TTL_SECONDS,
     ENV_SERVING_IMAGE,
+    ENV_SERVING_IMAGE_GPU,
     GPU_PRODUCT_LABEL,
     GPU_RESOURCE,
     GPU_TAINT_EFFECT,
@@ -35,6 +37,7 @@ from kubetrt.operators.names import (
     LABEL_APP_PART_OF,
     LABEL_BUILD,
     LABEL_MD,
+    LABEL_ROLE,
     LABEL_TARGET,
     MANAGED_BY,
     SERVING_GRPC_PORT,
@@ -54,25 +57,97 @@ Obj = dict[str, Any]
 
 @dataclass(frozen=True)
 class OperatorConfig:
-    """Operator settings (env of the operator pod; the Helm chart fills them from values)."""
+    """Operator settings (env of the operator pod; the Helm chart fills them from values).
+
+    Images come per kind of target: a GPU target needs CUDA, CuPy and TensorRT in its image, which
+    a CPU target's image should not carry.
+    """
 
     serving_image: str = "ghcr.io/kubetrt/serving:0.1.0"
     builder_image: str = "ghcr.io/kubetrt/builder:0.1.0"
+    serving_image_gpu: str = "ghcr.io/kubetrt/serving-gpu:0.1.0"
+    builder_image_gpu: str = "ghcr.io/kubetrt/builder-gpu:0.1.0"
     pull_policy: str = "IfNotPresent"
     job_ttl_seconds: int = 86400
     cluster_domain: str = "cluster.local"
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorConfig":
+        """Settings from env; an unset or empty variable keeps the default."""
         env = os.environ if env is None else env
         d = cls()
+
+        def get(name: str, default: str) -> str:
+            return env.get(name) or default
         return cls(
-            serving_image=env.get(ENV_SERVING_IMAGE, d.serving_image),
-            builder_image=env.get(ENV_BUILDER_IMAGE, d.builder_image),
-            pull_policy=env.get(ENV_IMAGE_PULL_POLICY, d.pull_policy),
-            job_ttl_seconds=int(env.get(ENV_JOB_TTL_SECONDS, d.job_ttl_seconds)),
-            cluster_domain=env.get(ENV_CLUSTER_DOMAIN, d.cluster_domain),
+            serving_image=get(ENV_SERVING_IMAGE, d.serving_image),
+            builder_image=get(ENV_BUILDER_IMAGE, d.builder_image),
+            serving_image_gpu=get(ENV_SERVING_IMAGE_GPU, d.serving_image_gpu),
+            builder_image_gpu=get(ENV_BUILDER_IMAGE_GPU, d.builder_image_gpu),
+            pull_policy=get(ENV_IMAGE_PULL_POLICY, d.pull_policy),
+            job_ttl_seconds=int(get(ENV_JOB_TTL_SECONDS, str(d.job_ttl_seconds))),
+            cluster_domain=get(ENV_CLUSTER_DOMAIN, d.cluster_domain),
         )
+
+    def default_image(self, part: str, gpu: bool) -> str:
+        """The operator's default ``serving`` or ``builder`` image for a CPU or a GPU target."""
+        images = {("serving", False): self.serving_image, ("builder", False): self.builder_image,
+                  ("serving", True): self.serving_image_gpu, ("builder", True): self.builder_image_gpu}
+        return images[(part, gpu)]
+
+
+def target_image(spec: Mapping[str, Any], target: Mapping[str, Any], part: str, config: OperatorConfig) -> str:
+    """The ``serving`` or ``builder`` image of one target: the target's own, else spec.image's (every
+    target), else the operator's default for the target's kind (CPU or GPU)."""
+    return str((target.get("image") or {}).get(part) or (spec.get("image") or {}).get(part)
+               or config.default_image(part, not target.get("cpu")))
+
+
+# ----------------------------------------------------------------------------- pod settings
+# Scheduling and pull settings a cluster admin sets per ModelDeployment (spec) and per target; the
+# target's value replaces the spec's, except nodeSelector and resources, merged key by key.
+POD_SETTINGS = ("imagePullSecrets", "nodeSelector", "tolerations", "priorityClassName", "runtimeClassName")
+
+
+def _merged_resources(base: Mapping[str, Any] | None, over: Mapping[str, Any] | None) -> Obj:
+    out: Obj = {}
+    for part in ("requests", "limits"):
+        merged = {**((base or {}).get(part) or {}), **((over or {}).get(part) or {})}
+        if merged:
+            out[part] = merged
+    return out
+
+
+def pod_settings(spec: Mapping[str, Any], target: Mapping[str, Any]) -> Obj:
+    """The target's pod settings over the spec's: ``resources`` for serving pods, ``buildResources``
+    for build Jobs, and POD_SETTINGS for both. Empty settings are left out."""
+    out: Obj = {}
+    for key in POD_SETTINGS:
+        value = target.get(key) if key in target else spec.get(key)
+        if key == "nodeSelector":
+            value = {**(spec.get(key) or {}), **(target.get(key) or {})}
+        if value:
+            out[key] = copy.deepcopy(value)
+    for key in ("resources", "buildResources"):
+        merged = _merged_resources(spec.get(key), target.get(key))
+        if merged:
+            out[key] = merged
+    return out
+
+
+def _apply_pod_settings(pod_spec: Obj, settings: Mapping[str, Any]) -> None:
+    """Add the user's settings to a pod spec that already holds the operator's GPU pinning, which
+    stays: its node labels win over the user's, its tolerations are kept beside the user's."""
+    if settings.get("nodeSelector"):
+        pod_spec["nodeSelector"] = {**settings["nodeSelector"], **pod_spec.get("nodeSelector", {})}
+    tolerations = list(pod_spec.get("tolerations") or [])
+    for t in settings.get("tolerations") or []:
+        if t not in tolerations:
+            tolerations.append(copy.deepcopy(t))
+    pod_spec["tolerations"] = tolerations
+    for key in ("imagePullSecrets", "priorityClassName", "runtimeClassName"):
+        if settings.get(key):
+            pod_spec[key] = copy.deepcopy(settings[key])
 
 
 # ----------------------------------------------------------------------------- naming & hashing
@@ -125,7 +200,7 @@ def resolve_target(spec: Mapping[str, Any], target: Mapping[str, Any]) -> dict[s
     t = dict(target)
     is_cpu = bool(t.get("cpu"))
     t.setdefault("backend", "host" if is_cpu else "tensorrt")
-    t.setdefault("precision", spec["optimization"]["precision"])
+    t.setdefault("precision", spec["optimization"].get("precision") or crds.default_precision(is_cpu))
     t.setdefault("replicas", 1)
     if not is_cpu:
         t.setdefault("gpus", 1)
@@ -139,8 +214,9 @@ def _number_in(value: Any, low: float, high: float, include_high: bool = False) 
 
 
 def int8_targets(spec: Mapping[str, Any]) -> list[str]:
-    """Names of the targets that build int8 (their own precision, else spec.optimization.precision)."""
-    default = (spec.get("optimization") or {}).get("precision", crds.DEFAULT_PRECISION)
+    """Names of the targets that build int8 (their own precision, else spec.optimization.precision;
+    the per-kind defaults are never int8)."""
+    default = (spec.get("optimization") or {}).get("precision")
     return [str(t.get("name")) for t in spec.get("targets", []) if t.get("precision", default) == "int8"]
 
 
@@ -157,6 +233,8 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
             errors.append(f"target {t.get('name')}: set exactly one of gpuProduct or cpu")
         elif t.get("cpu") and t.get("backend", "host") != "host":
             errors.append(f"target {t.get('name')}: CPU targets use backend host")
+    if spec.get("targets") and all(t.get("fallback") for t in spec["targets"]):
+        errors.append(crds.FALLBACK_NEEDS_PRIMARY)
     prof = spec.get("optimization", {}).get("batchProfile", {})
     if prof and not prof.get("min", 1) <= prof.get("opt", 1) <= prof.get("max", 1):
         errors.append("optimization.batchProfile must satisfy min <= opt <= max")
@@ -237,6 +315,16 @@ def _pinning(target: Mapping[str, Any]) -> Obj:
     }
 
 
+def _with_gpu_limit(resources: Mapping[str, Any] | None, gpu_limit: Mapping[str, str]) -> Obj:
+    """The user's resources with the operator's GPU limit (a GPU request must equal the limit)."""
+    out = copy.deepcopy(dict(resources or {}))
+    if gpu_limit:
+        out.setdefault("limits", {}).update(gpu_limit)
+        if GPU_RESOURCE in (out.get("requests") or {}):
+            out["requests"].update(gpu_limit)
+    return out
+
+
 def _secret_env(secret: str | None) -> list[Obj]:
     return [{"secretRef": {"name": secret}}] if secret else []
 
@@ -267,17 +355,26 @@ def engine_build(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping
     store = dict(spec["store"])
     identity = {"model": eb_model, "target": {k: v for k, v in eb_target.items() if k != "name"},
                 "store": store["uri"]}
-    image = spec.get("image", {})
+    settings = pod_settings(spec, target)
+    build_pod = {k: v for k, v in settings.items() if k in POD_SETTINGS}
+    if settings.get("buildResources"):
+        build_pod["resources"] = settings["buildResources"]
+    if build_pod:
+        # Part of the build's identity: a build pod that cannot be scheduled or pulled is retried
+        # with the settings that fix it (a verified engine in the store is reused, not rebuilt).
+        identity["pod"] = build_pod
     eb_spec: Obj = {
         "modelDeployment": {"name": md_name},
         "model": eb_model,
         "target": eb_target,
         "store": store,
-        "image": image.get("builder") or config.builder_image,
-        "pullPolicy": image.get("pullPolicy") or config.pull_policy,
+        "image": target_image(spec, target, "builder", config),
+        "pullPolicy": (spec.get("image") or {}).get("pullPolicy") or config.pull_policy,
         "backoffLimit": 2,
         "activeDeadlineSeconds": 3600,
     }
+    if build_pod:
+        eb_spec["pod"] = build_pod
     if spec.get("serviceAccountName"):
         eb_spec["serviceAccountName"] = spec["serviceAccountName"]
     return {
@@ -315,7 +412,7 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
                     "--store", store, "--termination-log", TERMINATION_LOG, *_calibration_args(spec["model"])],
         "env": [{"name": "HOME", "value": "/tmp"}],
         "envFrom": _secret_env(spec["store"].get("credentialsSecret")),
-        "resources": {"limits": dict(pin["gpu_limit"])} if pin["gpu_limit"] else {},
+        "resources": _with_gpu_limit((spec.get("pod") or {}).get("resources"), pin["gpu_limit"]),
         "securityContext": _container_security(),
         "terminationMessagePath": TERMINATION_LOG,
         "terminationMessagePolicy": "FallbackToLogsOnError",
@@ -329,6 +426,7 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
         "containers": [container],
         "volumes": [{"name": "tmp", "emptyDir": {}}, *vols1, *vols2],
     }
+    _apply_pod_settings(pod_spec, spec.get("pod") or {})
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
     return {
@@ -380,19 +478,19 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
     pin = _pinning(eb_target)
     pkg, vols1, mounts1 = mount_uri(eb_spec["model"]["packageURI"], "/mnt/package", "package", True)
     store, vols2, mounts2 = mount_uri(eb_spec["store"]["uri"], "/mnt/store", "store", True)
-    image = spec.get("image", {})
-    resources = copy.deepcopy(target.get("resources") or {})
+    settings = pod_settings(spec, target)
+    resources = _with_gpu_limit(settings.get("resources"), pin["gpu_limit"])
     resources.setdefault("requests", {}).setdefault("cpu", "500m")
     resources["requests"].setdefault("memory", "1Gi")
-    if pin["gpu_limit"]:
-        resources.setdefault("limits", {}).update(pin["gpu_limit"])
     env = [{"name": "HOME", "value": "/tmp"}, *_thread_env("serving", resources)]
-    pod_labels = labels(md_name, "serving", target["name"])
+    pod_labels = {**labels(md_name, "serving", target["name"]), LABEL_ROLE: role(target)}
     probe = {"port": "http", "scheme": "HTTP"}
     container: Obj = {
         "name": "serving",
-        "image": image.get("serving") or config.serving_image,
-        "imagePullPolicy": image.get("pullPolicy") or config.pull_policy,
+        # The kind of the engine served (a target changed from CPU to GPU serves its CPU engine until
+        # the GPU one verified), the overrides of the live target.
+        "image": target_image(spec, {**target, "cpu": eb_target.get("cpu")}, "serving", config),
+        "imagePullPolicy": (spec.get("image") or {}).get("pullPolicy") or config.pull_policy,
         "command": serve_command(pkg, store, engine_key, eb_target["backend"], eb_spec["model"], spec),
         "ports": [{"name": "http", "containerPort": SERVING_PORT, "protocol": "TCP"},
                   {"name": "grpc", "containerPort": SERVING_GRPC_PORT, "protocol": "TCP"}],
@@ -422,6 +520,7 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
         "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {"sizeLimit": "20Gi"}},
                     *vols1, *vols2],
     }
+    _apply_pod_settings(pod_spec, settings)
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
         pod_spec["automountServiceAccountToken"] = True
@@ -453,17 +552,33 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
     }
 
 
-def service(md: Mapping[str, Any]) -> Obj:
-    """One Service for the model, selecting the serving pods of every target."""
+ROLE_PRIMARY = "primary"
+ROLE_FALLBACK = "fallback"
+
+
+def role(target: Mapping[str, Any]) -> str:
+    """A target's role: fallback targets serve the main Service only while no primary target can."""
+    return ROLE_FALLBACK if target.get("fallback") else ROLE_PRIMARY
+
+
+def fallback_service_name(md_name: str) -> str:
+    return dns_label(md_name, ROLE_FALLBACK)
+
+
+def service(md: Mapping[str, Any], serve_role: str = ROLE_PRIMARY, name: str | None = None) -> Obj:
+    """A Service for the model selecting the serving pods of the targets of one role: the main
+    Service (``name`` None) the primary targets', or the fallback targets' while no primary target
+    has a ready pod; `<name>-fallback` always the fallback targets'. No mesh needed: the operator
+    switches the selector."""
     md_name = md["metadata"]["name"]
     return {
         "apiVersion": "v1",
         "kind": "Service",
-        "metadata": {"name": service_name(md_name), "namespace": md["metadata"]["namespace"],
+        "metadata": {"name": name or service_name(md_name), "namespace": md["metadata"]["namespace"],
                      "labels": labels(md_name, "serving"), "ownerReferences": [owner_reference(md)]},
         "spec": {
             "type": "ClusterIP",
-            "selector": {LABEL_MD: label_value(md_name), LABEL_APP_COMPONENT: "serving"},
+            "selector": {LABEL_MD: label_value(md_name), LABEL_APP_COMPONENT: "serving", LABEL_ROLE: serve_role},
             "ports": [{"name": "http", "port": SERVING_PORT, "targetPort": "http", "protocol": "TCP", "appProtocol": "http"},
                       {"name": "grpc", "port": SERVING_GRPC_PORT, "targetPort": "grpc", "protocol": "TCP",
                        "appProtocol": "grpc"}],

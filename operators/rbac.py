@@ -19,11 +19,13 @@ RULES: list[tuple[str, str, list[str], str]] = [
      "one per target and engine identity; superseded ones are deleted"),
     (GROUP, f"{PLURAL_ENGINE_BUILDS}/status", ["patch"], "build phase and engine key"),
     ("batch", "jobs", ["get", "list", "watch", "create"], "the build Job of an EngineBuild"),
-    ("", "pods", ["list"], "the build pod's termination message carries the build result"),
+    ("", "pods", ["list", "watch"], "build pods: the build result (termination message) and why a build is "
+     "stuck (unschedulable, image pull); serving pods: why a target is not ready"),
+    ("", "nodes", ["list"], "which node label an unschedulable pod asks for that no node has"),
     ("apps", "deployments", ["list", "watch", "create", "update", "delete"], "serving Deployments"),
     ("", "services", ["list", "create", "update", "delete"], "one Service per ModelDeployment"),
     ("autoscaling", "horizontalpodautoscalers", ["list", "create", "update", "delete"], "optional HPA"),
-    ("", "events", ["create"], "kopf posts warnings as Kubernetes events"),
+    ("", "events", ["create"], "the operator records stuck and failed builds and targets as Events (kopf)"),
     ("apiextensions.k8s.io", "customresourcedefinitions", ["list", "watch"], "kopf's resource discovery"),
     ("kopf.dev", "clusterkopfpeerings", ["list", "watch", "patch"], "kopf peering: one active replica"),
 ]

@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from kubetrt.operators import objects, status
-from kubetrt.operators.names import ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, KIND_ENGINE_BUILD
+from kubetrt.operators import objects, pods as podinfo, status
+from kubetrt.operators.names import ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, KIND_ENGINE_BUILD, LABEL_TARGET
 from kubetrt.operators.objects import Obj, OperatorConfig
 from kubetrt.runtime.target import TargetError
 
@@ -23,6 +23,17 @@ class Observed:
     deployments: dict[str, Obj] = field(default_factory=dict)
     services: dict[str, Obj] = field(default_factory=dict)
     autoscalers: dict[str, Obj] = field(default_factory=dict)
+    pods: list[Obj] = field(default_factory=list)  # serving pods
+    nodes: list[Obj] | None = None  # read only while a serving pod is unschedulable
+
+
+@dataclass(frozen=True)
+class Event:
+    """A Kubernetes Event to record on the object a plan is for (Normal or Warning)."""
+
+    type: str
+    reason: str
+    message: str
 
 
 @dataclass
@@ -35,6 +46,7 @@ class Plan:
     create: list[Obj] = field(default_factory=list)
     delete: list[tuple[str, str, str]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
+    events: list[Event] = field(default_factory=list)
 
 
 def _verified(eb: Mapping[str, Any] | None) -> bool:
@@ -106,21 +118,76 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
                     plan.apply.append(hpa)
         elif dep_observed is not None:
             keep_deployments.add(dep_name)  # nothing verified to serve yet: leave what runs alone
+        pods = [p for p in observed.pods if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_TARGET)
+                == target["name"]]
         views.append(status.TargetView(target=target, build=current, serving=serving, deployment=dep_observed,
-                                       deployment_current=dep_current, desired_replicas=desired_replicas))
+                                       deployment_current=dep_current, desired_replicas=desired_replicas,
+                                       pods=pods, nodes=observed.nodes))
 
-    svc = objects.with_spec_hash(objects.service(md))
-    if needs_apply(svc, observed.services.get(svc["metadata"]["name"])):
-        plan.apply.append(svc)
+    services = [objects.service(md, main_service_role(views))]
+    if any(objects.role(v.target) == objects.ROLE_FALLBACK for v in views):
+        services.append(objects.service(md, objects.ROLE_FALLBACK, objects.fallback_service_name(md_name)))
+    for svc in map(objects.with_spec_hash, services):
+        if needs_apply(svc, observed.services.get(svc["metadata"]["name"])):
+            plan.apply.append(svc)
+    keep_services = {s["metadata"]["name"] for s in services}
 
     plan.delete += [(API_VERSION, KIND_ENGINE_BUILD, n) for n in sorted(observed.engine_builds)
                     if n not in keep_builds]
     plan.delete += [("apps/v1", "Deployment", n) for n in sorted(observed.deployments) if n not in keep_deployments]
     plan.delete += [("autoscaling/v2", "HorizontalPodAutoscaler", n) for n in sorted(observed.autoscalers)
                     if n not in keep_autoscalers]
-    plan.delete += [("v1", "Service", n) for n in sorted(observed.services) if n != svc["metadata"]["name"]]
+    plan.delete += [("v1", "Service", n) for n in sorted(observed.services) if n not in keep_services]
     plan.status = status.model_deployment_status(md, spec, views, [], config, now)
+    plan.events = model_deployment_events(md.get("status") or {}, plan.status)
     return plan
+
+
+def _ready_pods(view: status.TargetView) -> int:
+    return int(((view.deployment or {}).get("status") or {}).get("readyReplicas") or 0)
+
+
+def main_service_role(views: Sequence[status.TargetView]) -> str:
+    """The role whose pods the model's Service selects: the primary targets', unless none of them
+    has a ready pod and a fallback target has."""
+    primary = [v for v in views if objects.role(v.target) == objects.ROLE_PRIMARY]
+    fallback = [v for v in views if objects.role(v.target) == objects.ROLE_FALLBACK]
+    if fallback and not any(_ready_pods(v) for v in primary) and any(_ready_pods(v) for v in fallback):
+        return objects.ROLE_FALLBACK
+    return objects.ROLE_PRIMARY
+
+
+def _condition(st: Mapping[str, Any], ctype: str) -> Mapping[str, Any]:
+    return next((c for c in st.get("conditions") or [] if c.get("type") == ctype), {})
+
+
+def model_deployment_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """Events for what changed: a Warning when Degraded turns True or its message changes, a
+    Normal event when it clears and when Ready turns True."""
+    events = []
+    was, now = _condition(old, "Degraded"), _condition(new, "Degraded")
+    if now.get("status") == "True" and (was.get("status") != "True" or was.get("message") != now.get("message")):
+        events.append(Event("Warning", str(now.get("reason") or "Degraded"), str(now.get("message") or "")))
+    elif now.get("status") == "False" and was.get("status") == "True":
+        events.append(Event("Normal", "Recovered", "no target is failing any more"))
+    ready_was, ready_now = _condition(old, "Ready"), _condition(new, "Ready")
+    if ready_now.get("status") == "True" and ready_was.get("status") != "True":
+        events.append(Event("Normal", "Ready", str(ready_now.get("message") or "")))
+    return events
+
+
+def engine_build_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[Event]:
+    """Events for a build's transitions: a Warning when it gets stuck (pods.PROBLEM_REASONS) or
+    fails, a Normal event when its engine verified."""
+    if (old.get("phase"), old.get("reason"), old.get("message")) == (new.get("phase"), new.get("reason"),
+                                                                     new.get("message")):
+        return []
+    reason, message = str(new.get("reason") or ""), str(new.get("message") or "")
+    if new.get("phase") == "Failed" or reason in podinfo.PROBLEM_REASONS:
+        return [Event("Warning", reason or "BuildFailed", message)]
+    if new.get("phase") == "Succeeded" and old.get("phase") != "Succeeded":
+        return [Event("Normal", "Verified", message)]
+    return []
 
 
 @dataclass
@@ -129,23 +196,27 @@ class BuildPlan:
 
     create_job: Obj | None
     status: dict[str, Any]
+    events: list[Event] = field(default_factory=list)
 
 
 def plan_engine_build(eb: Mapping[str, Any], job: Mapping[str, Any] | None, pods: Sequence[Mapping[str, Any]],
-                      config: OperatorConfig) -> BuildPlan:
-    """A build's Job exists until the build is terminal; its status follows the Job.
+                      config: OperatorConfig, nodes: Sequence[Mapping[str, Any]] | None = None) -> BuildPlan:
+    """A build's Job exists until the build is terminal; its status follows the Job and its pods.
 
     A target the runtime cannot build (only a hand-written EngineBuild can hold one: the operator
     validates the targets of a ModelDeployment) fails the build without a Job.
     """
-    new_status = status.engine_build_status(eb, job, pods)
-    if job is not None or new_status.get("phase") in status.TERMINAL_PHASES:
-        return BuildPlan(create_job=None, status=new_status)
-    try:
-        return BuildPlan(create_job=objects.build_job(eb, config), status=new_status)
-    except TargetError as e:
-        return BuildPlan(create_job=None, status={**new_status, "phase": "Failed", "verified": False,
-                                                  "reason": "InvalidTarget", "message": str(e)})
+    old = eb.get("status") or {}
+    new_status = status.engine_build_status(eb, job, pods, nodes)
+    plan = BuildPlan(create_job=None, status=new_status)
+    if job is None and new_status.get("phase") not in status.TERMINAL_PHASES:
+        try:
+            plan.create_job = objects.build_job(eb, config)
+        except TargetError as e:
+            plan.status = {**new_status, "phase": "Failed", "verified": False, "reason": "InvalidTarget",
+                           "message": str(e)}
+    plan.events = engine_build_events(old, plan.status)
+    return plan
 
 
 def status_changed(old: Mapping[str, Any] | None, new: Mapping[str, Any]) -> bool:

@@ -5,8 +5,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from kubetrt.operators import objects
-from kubetrt.operators.names import SERVING_PORT
+from kubetrt.operators import objects, pods as podinfo
+from kubetrt.operators.names import LABEL_BUILD, LABEL_TARGET, SERVING_PORT
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 MESSAGE_LIMIT = 1024
@@ -47,8 +47,13 @@ def _tail(text: str | None) -> str:
 
 
 def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
-                        pods: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
-    """Status of an EngineBuild from its Job and the Job's pods; terminal phases are final."""
+                        pods: Sequence[Mapping[str, Any]],
+                        nodes: Sequence[Mapping[str, Any]] | None = None) -> dict[str, Any]:
+    """Status of an EngineBuild from its Job and the Job's pods; terminal phases are final.
+
+    A Job counts a pod that cannot be scheduled, pulled or configured as active: such a build is
+    Pending with the pod's reason (pods.pod_problem), so it does not read as running until its
+    deadline. ``nodes`` (read only for an unschedulable pod) name the node label none has."""
     old = dict(eb.get("status") or {})
     if old.get("phase") in TERMINAL_PHASES:
         return old
@@ -88,9 +93,14 @@ def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
         return {**base, "phase": "Failed", "verified": False, "reason": cond.get("reason") or "JobFailed",
                 "completionTime": cond.get("lastTransitionTime", ""),
                 "message": _tail(message or cond.get("message") or "the build Job failed")}
-    if int(js.get("active") or 0) > 0:
+    live = [p for p in pods if ((p.get("status") or {}).get("phase") or "Pending") in ("Pending", "Running")]
+    problems = [pr for pr in (podinfo.pod_problem(p, nodes) for p in live) if pr is not None]
+    if problems and len(problems) == len(live):
+        return {**base, "phase": "Pending", "reason": problems[0].reason, "message": problems[0].message}
+    if any((p.get("status") or {}).get("phase") == "Running" for p in live) or (
+            int(js.get("active") or 0) > 0 and not live):
         return {**base, "phase": "Running", "reason": "JobRunning", "message": "building and verifying the engine"}
-    return {**base, "phase": "Pending", "reason": "JobPending", "message": "waiting for a node with the target GPU"}
+    return {**base, "phase": "Pending", "reason": "JobPending", "message": "waiting for the build pod to be scheduled and start"}
 
 
 # ----------------------------------------------------------------------------- ModelDeployment
@@ -104,6 +114,44 @@ class TargetView:
     deployment: Mapping[str, Any] | None  # observed Deployment
     deployment_current: bool  # observed Deployment already equals the desired one
     desired_replicas: int
+    pods: Sequence[Mapping[str, Any]] = ()  # the target's serving pods
+    nodes: Sequence[Mapping[str, Any]] | None = None  # read when one of them is unschedulable
+
+
+def _build_problem(view: TargetView) -> str | None:
+    bst = (view.build or {}).get("status") or {}
+    if bst.get("phase") == "Failed":
+        return f"engine build failed: {bst.get('reason', 'Failed')}: {bst.get('message', '')}".strip()
+    if bst.get("phase") == "Pending" and bst.get("reason") in podinfo.PROBLEM_REASONS:
+        return f"engine build pending: {bst.get('message') or bst['reason']}"
+    return None
+
+
+def _serving_problem(view: TargetView) -> str | None:
+    """The reason of the first stuck serving pod of the current template (pods.pod_problem)."""
+    for pod in view.pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        problem = podinfo.pod_problem(pod, view.nodes)
+        if problem is not None:
+            return f"serving pod {pod['metadata']['name']}: {problem.message}"
+    return None
+
+
+def problem(view: TargetView) -> str | None:
+    """What keeps a target from serving that needs someone to act, or None."""
+    return _build_problem(view) or _serving_problem(view)
+
+
+def _unready(view: TargetView) -> str:
+    """Why the rollout is not done: the first unready pod's reason."""
+    for pod in view.pods:
+        if (pod.get("metadata") or {}).get("deletionTimestamp"):
+            continue
+        reason = podinfo.unready_reason(pod, view.nodes)
+        if reason:
+            return f"rolling out: pod {pod['metadata']['name']}: {reason}"
+    return "rolling out"
 
 
 def _phase(eb: Mapping[str, Any] | None) -> str:
@@ -133,14 +181,15 @@ def target_status(view: TargetView) -> dict[str, Any]:
         "buildPhase": _phase(view.build),
         "replicas": view.desired_replicas,
         "readyReplicas": int(st.get("readyReplicas") or 0),
+        "role": objects.role(t),
     }
-    bst = (view.build or {}).get("status") or {}
-    if out["buildPhase"] == "Failed":
-        out["message"] = f"engine build failed: {bst.get('reason', 'Failed')}: {bst.get('message', '')}".strip()
+    stuck = problem(view)
+    if stuck:
+        out["message"] = stuck
     elif view.serving is None:
         out["message"] = f"waiting for a verified engine (build {out['buildPhase']})"
     elif not _rollout_done(view):
-        out["message"] = "rolling out"
+        out["message"] = _unready(view)
     else:
         out["message"] = ""
     return out
@@ -169,11 +218,11 @@ def conditions(views: list[TargetView], errors: list[str]) -> list[dict[str, Any
     else:
         engines = _cond("EnginesReady", False, "EnginesBuilding", f"building engines for: {names(building)}")
 
-    if failed:
-        reasons = {str((v.build or {}).get("status", {}).get("reason") or "EngineBuildFailed") for v in failed}
-        reason = reasons.pop() if len(reasons) == 1 else "EngineBuildFailed"
-        detail = "; ".join(f"target {v.target['name']}: {(v.build or {}).get('status', {}).get('reason', '')}: "
-                           f"{(v.build or {}).get('status', {}).get('message', '')}" for v in failed)
+    troubled = [(v, problem(v)) for v in views if problem(v)]
+    if troubled:
+        reasons = {_problem_reason(v) for v, _ in troubled}
+        reason = reasons.pop() if len(reasons) == 1 else "TargetsFailing"
+        detail = "; ".join(f"target {v.target['name']}: {msg}" for v, msg in troubled)
         degraded = _cond("Degraded", True, reason, _tail(detail))
     else:
         degraded = _cond("Degraded", False, "AsExpected", "")
@@ -194,6 +243,27 @@ def conditions(views: list[TargetView], errors: list[str]) -> list[dict[str, Any
     else:
         ready = _cond("Ready", False, "NoReadyReplicas", "no target has ready replicas yet")
     return [ready, progressing, degraded, engines]
+
+
+def _problem_reason(view: TargetView) -> str:
+    bst = (view.build or {}).get("status") or {}
+    if _build_problem(view):
+        return str(bst.get("reason") or "EngineBuildFailed")
+    for pod in view.pods:
+        found = podinfo.pod_problem(pod, view.nodes)
+        if found is not None:
+            return found.reason
+    return "TargetFailing"
+
+
+def summary(conds: Sequence[Mapping[str, Any]]) -> str:
+    """One line for `kubectl get`: what is wrong, else what is in progress, else what serves."""
+    by_type = {c["type"]: c for c in conds}
+    for ctype in ("Degraded", "Progressing"):
+        cond = by_type.get(ctype) or {}
+        if cond.get("status") == "True" and cond.get("message"):
+            return str(cond["message"])
+    return str((by_type.get("Ready") or {}).get("message") or "")
 
 
 def merge_conditions(old: list[Mapping[str, Any]], new: list[dict[str, Any]], now: str,
@@ -222,10 +292,13 @@ def model_deployment_status(md: Mapping[str, Any], spec: Mapping[str, Any], view
     # The model URL names what the pods serve: while a new version builds, that is the old one.
     serving = next((v.serving for v in views if v.serving), None)
     model = (serving or {}).get("spec", {}).get("model") or spec.get("model") or {}
+    conds = conditions(views, errors)
     status: dict[str, Any] = {
-        "conditions": merge_conditions(old.get("conditions") or [], conditions(views, errors), now, gen),
+        "conditions": merge_conditions(old.get("conditions") or [], conds, now, gen),
         "targets": [target_status(v) for v in views],
         "endpoint": endpoint,
+        "url": endpoint,
+        "message": _tail(summary(conds)),
         "modelURL": f"{endpoint}/v2/models/{model.get('name', '')}/versions/{model.get('version', '1')}",
         "readyTargets": f"{sum(1 for v in views if _rollout_done(v))}/{len(views)}",
     }

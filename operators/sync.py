@@ -9,20 +9,30 @@ import datetime
 import logging
 import threading
 from collections import defaultdict
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 import kopf
 import kubernetes
 
-from kubetrt.operators import reconcile
+from kubetrt.operators import pods as podinfo, reconcile, status
 from kubetrt.operators.kube import KubeClient
-from kubetrt.operators.names import (API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT, LABEL_APP_MANAGED_BY,
-                                     LABEL_BUILD, LABEL_MD, MANAGED_BY, label_value)
+from kubetrt.operators.names import (API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT, LABEL_APP_COMPONENT,
+                                     LABEL_APP_MANAGED_BY, LABEL_BUILD, LABEL_MD, MANAGED_BY, label_value)
 from kubetrt.operators.objects import OperatorConfig
 
 log = logging.getLogger("kubetrt.operators.sync")
 MD = (API_VERSION, KIND_MODEL_DEPLOYMENT)
 EB = (API_VERSION, KIND_ENGINE_BUILD)
+
+# Records an Event on an object (handlers.py posts it through kopf); the default only logs it.
+Recorder = Callable[[Mapping[str, Any], reconcile.Event], None]
+
+
+def log_event(obj: Mapping[str, Any], event: reconcile.Event) -> None:
+    meta = obj.get("metadata") or {}
+    log.info("event %s %s/%s %s: %s: %s", obj.get("kind"), meta.get("namespace"), meta.get("name"), event.type,
+             event.reason, event.message)
+
 
 STATUS_ATTEMPTS = 5  # reads, plans and status writes of one sync before it gives up (a 409 each time)
 
@@ -45,12 +55,22 @@ def observe(kube: KubeClient, namespace: str, md_name: str) -> reconcile.Observe
 
     def by_name(api: str, kind: str) -> dict[str, Any]:
         return {o["metadata"]["name"]: o for o in kube.list(api, kind, namespace, sel)}
+    pods = kube.list("v1", "Pod", namespace, {**sel, LABEL_APP_COMPONENT: "serving"})
     return reconcile.Observed(
         engine_builds=by_name(*EB),
         deployments=by_name("apps/v1", "Deployment"),
         services=by_name("v1", "Service"),
         autoscalers=by_name("autoscaling/v2", "HorizontalPodAutoscaler"),
+        pods=pods,
+        nodes=nodes_if_unschedulable(kube, pods),
     )
+
+
+def nodes_if_unschedulable(kube: KubeClient, pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
+    """The nodes, read only when one of ``pods`` is unschedulable: they say which label none has."""
+    if not any(podinfo.is_unschedulable(p) for p in pods):
+        return None
+    return kube.list("v1", "Node", None, {})
 
 
 def _create(kube: KubeClient, obj: Mapping[str, Any]) -> None:
@@ -111,8 +131,10 @@ def _status_written(kube: KubeClient, what: tuple[str, str], obj: Mapping[str, A
         return False
 
 
-def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: str, name: str) -> dict[str, Any] | None:
-    """Reconcile one ModelDeployment; returns the status written (None if it is gone)."""
+def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: str, name: str,
+                          record: Recorder = log_event) -> dict[str, Any] | None:
+    """Reconcile one ModelDeployment; returns the status written (None if it is gone). The plan's
+    Events are recorded once its status is written."""
     with _lock("md", namespace, name):
         for attempt in range(STATUS_ATTEMPTS):
             md = _read_live(kube, MD, namespace, name)
@@ -121,14 +143,19 @@ def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: s
             observed = observe(kube, namespace, name)
             plan = reconcile.plan_model_deployment(md, observed, config, now_iso())
             apply_plan(kube, namespace, plan, observed)
-            if not reconcile.status_changed(md.get("status"), plan.status) or _status_written(kube, MD, md, plan.status):
+            if not reconcile.status_changed(md.get("status"), plan.status):
+                return plan.status
+            if _status_written(kube, MD, md, plan.status):
+                for event in plan.events:
+                    record(md, event)
                 return plan.status
         raise kopf.TemporaryError(f"ModelDeployment {namespace}/{name} kept changing while its status was written",
                                   delay=5)
 
 
-def sync_engine_build(kube: KubeClient, config: OperatorConfig, namespace: str, name: str) -> dict[str, Any] | None:
-    """Reconcile one EngineBuild: ensure its Job, follow the Job into the status."""
+def sync_engine_build(kube: KubeClient, config: OperatorConfig, namespace: str, name: str,
+                      record: Recorder = log_event) -> dict[str, Any] | None:
+    """Reconcile one EngineBuild: ensure its Job, follow the Job and its pods into the status."""
     with _lock("eb", namespace, name):
         for attempt in range(STATUS_ATTEMPTS):
             eb = _read_live(kube, EB, namespace, name)
@@ -136,14 +163,16 @@ def sync_engine_build(kube: KubeClient, config: OperatorConfig, namespace: str, 
                 return None
             job = kube.get("batch/v1", "Job", namespace, name)
             pods: list[dict[str, Any]] = []
-            if job is not None and (job.get("status") or {}).get("conditions"):
+            if job is not None and (eb.get("status") or {}).get("phase") not in status.TERMINAL_PHASES:
                 pods = kube.list("v1", "Pod", namespace, {LABEL_BUILD: name})
-            plan = reconcile.plan_engine_build(eb, job, pods, config)
+            plan = reconcile.plan_engine_build(eb, job, pods, config, nodes_if_unschedulable(kube, pods))
             if plan.create_job is not None:
                 _create(kube, plan.create_job)
             if not reconcile.status_changed(eb.get("status"), plan.status):
                 return plan.status
             if _status_written(kube, EB, eb, plan.status):
+                for event in plan.events:
+                    record(eb, event)
                 log.info("enginebuild %s/%s phase=%s reason=%s", namespace, name, plan.status.get("phase"),
                          plan.status.get("reason"))
                 return plan.status

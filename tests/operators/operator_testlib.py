@@ -155,7 +155,9 @@ def _status(code: int, reason: str, message: str) -> aiohttp.web.StreamResponse:
 
 NS = "models"
 CONFIG = OperatorConfig(serving_image="registry.example/kubetrt/serving:test",
-                        builder_image="registry.example/kubetrt/builder:test")
+                        builder_image="registry.example/kubetrt/builder:test",
+                        serving_image_gpu="registry.example/kubetrt/serving-gpu:test",
+                        builder_image_gpu="registry.example/kubetrt/builder-gpu:test")
 
 
 CALIBRATION_URI = "s3://datasets/resnet50/calibration.npz"

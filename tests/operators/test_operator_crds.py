@@ -60,7 +60,8 @@ def test_crd_metadata_status_subresource_printer_columns_short_names() -> None:
     assert sorted(target["properties"]["backend"]["enum"]) == ["cuda", "host", "tensorrt"]  # what the runtime builds
     assert target["properties"]["precision"]["enum"] == ["fp32", "fp16", "int8"]
     assert target["properties"]["replicas"]["minimum"] == 0
-    assert md_spec["properties"]["optimization"]["properties"]["precision"]["default"] == "fp16"
+    # No single default: unset, GPU targets build fp16 and CPU targets fp32 (objects.resolve_target).
+    assert "default" not in md_spec["properties"]["optimization"]["properties"]["precision"]
     eb_status = crds.engine_build_status_schema()
     assert eb_status["properties"]["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed"]
 
@@ -128,9 +129,9 @@ def test_invalid_spec_is_rejected_by_the_crd_schema(name: str) -> None:
 
 def test_apply_defaults_matches_api_server_defaulting() -> None:
     spec = crds.apply_defaults(crds.model_deployment_spec_schema(), md_body()["spec"])
-    assert spec["optimization"] == {"precision": "fp16", "maxBatchSize": 32,
+    assert spec["optimization"] == {"maxBatchSize": 32,
                                     "batchProfile": {"min": 1, "opt": 8, "max": 32},
-                                    "calibration": {"uri": CALIBRATION_URI, "method": "entropy",
+                                    "calibration": {"uri": CALIBRATION_URI, "method": "minmax",
                                                     "holdoutFraction": 0.2}}
     assert spec["model"]["signature"] == "serving_default" and spec["model"]["version"] == "3"
     assert spec["targets"][1]["replicas"] == 1 and spec["targets"][0]["replicas"] == 2

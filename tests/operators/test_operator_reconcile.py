@@ -67,7 +67,7 @@ def test_new_deployment_creates_one_engine_build_per_target_and_a_service() -> N
                                       "batchProfile": {"min": 1, "opt": 8, "max": 32}}
     assert t4["spec"]["target"]["precision"] == "int8"
     assert cpu["spec"]["target"]["backend"] == "host" and cpu["spec"]["target"]["cpu"] is True
-    assert h100["spec"]["image"] == CONFIG.builder_image
+    assert h100["spec"]["image"] == CONFIG.builder_image_gpu  # a GPU target: the GPU builder image
     assert h100["metadata"]["ownerReferences"] == [{"apiVersion": "kubetrt.io/v1alpha1", "kind": "ModelDeployment",
                                                     "name": "resnet", "uid": "uid-resnet", "controller": True,
                                                     "blockOwnerDeletion": True}]
@@ -105,7 +105,7 @@ def test_cpu_build_job_has_no_gpu_pinning() -> None:
     assert "nvidia.com/gpu.product" not in pod["nodeSelector"] and pod["tolerations"] == []
     assert "nvidia.com/gpu" not in json.dumps(pod["containers"][0]["resources"])
     command = pod["containers"][0]["command"]
-    assert command[command.index("--target") + 1] == "host:fp16:1/8/32"  # spec.optimization.precision
+    assert command[command.index("--target") + 1] == "host:fp32:1/8/32"  # a CPU target's default precision
 
 
 def test_targets_the_pipeline_deploys_are_the_targets_the_operator_builds() -> None:
@@ -188,7 +188,7 @@ def test_verified_engine_yields_a_pinned_hardened_deployment() -> None:
     assert c["command"] == ["kubetrt", "serve", "s3://models/resnet50/pkg", "--store", "s3://engines/resnet50",
                             "--engine-key", key, "--cache-dir", "/var/cache/kubetrt", "--model-name", "resnet50",
                             "--model-version", "3", "--device", "tensorrt", "--host", "0.0.0.0", "--port", "8080", "--grpc-port", "8081",
-                            "--max-batch-size", "8", "--max-queue-delay-us", "0"]
+                            "--max-batch-size", "32", "--max-queue-delay-us", "0"]
     assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/tmp", "/var/cache/kubetrt"}
     assert {e["name"] for e in c["env"]} == {"HOME", "OMP_NUM_THREADS", "KUBETRT_THREADS", "KUBETRT_JIT_THREADS"}
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
@@ -202,7 +202,7 @@ def test_verified_engine_yields_a_pinned_hardened_deployment() -> None:
                                                       "kubetrt.io/target": "h100"}
     svc = obs.services["resnet"]
     assert svc["spec"]["selector"] == {"kubetrt.io/model-deployment": "resnet",
-                                       "app.kubernetes.io/component": "serving"}
+                                       "app.kubernetes.io/component": "serving", "kubetrt.io/role": "primary"}
     labels = dep["spec"]["template"]["metadata"]["labels"]
     assert all(labels[k] == v for k, v in svc["spec"]["selector"].items())
     assert dep["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": "25%", "maxUnavailable": 0}
