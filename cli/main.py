@@ -15,10 +15,32 @@ import sys
 COMMANDS = ("lower", "build", "fetch", "serve", "pipeline", "demo", "devices")
 
 
+class DefaultsHelpFormatter(argparse.HelpFormatter):
+    """Help that ends each option with its default, unless the help already names one or there is
+    nothing to show (None, False, empty): one place, so `--help` always says what an unset flag does."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if ("default" in text or default is argparse.SUPPRESS or default is None or default is False
+                or default in ((), [], "") or not action.option_strings):
+            return action.help
+        shown = ",".join(map(str, default)) if isinstance(default, (tuple, list)) else default
+        return f"{text} (default: {str(shown).replace('%', '%%')})".lstrip()
+
+
+class CommandParser(argparse.ArgumentParser):
+    """Subcommand parsers (and theirs) format their help with DefaultsHelpFormatter."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        kwargs.setdefault("formatter_class", DefaultsHelpFormatter)
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubetrt", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output (-vv for debug)")
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND", parser_class=CommandParser)
     for name in COMMANDS:
         try:
             module = importlib.import_module(f"kubetrt.cli.commands.{name}")

@@ -38,8 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_source_arguments(p)
     p.add_argument("--model-name", default=None, help="serve the model under this name (default: the package's)")
     p.add_argument("--model-version", default=None, help="serve the model as this version (default: the package's)")
-    p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=8080)
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a pod)")
+    p.add_argument("--port", type=int, default=8080, help="port of the REST endpoints (OIP, TF Serving, /metrics)")
     p.add_argument("--grpc-port", type=int, default=8081,
                    help="port of the OIP gRPC endpoint (inference.GRPCInferenceService); 0: any free port")
     p.add_argument("--no-grpc", action="store_true", help="serve REST only")
@@ -49,7 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue-delay-us", type=_non_negative, default=0,
                    help="how long a batch formed after a busy run may wait for more requests to fill it "
                         "(a request that finds the engine idle never waits)")
-    p.add_argument("--preferred-batch-sizes", type=_sizes, default=(), metavar="N[,N...]")
+    p.add_argument("--preferred-batch-sizes", type=_sizes, default=(), metavar="N[,N...]",
+                   help="batch sizes the batcher prefers to form (default: none)")
     p.add_argument("--max-queue-size", type=_positive, default=1024,
                    help="requests queued per model before answering 503 + Retry-After (gRPC: RESOURCE_EXHAUSTED)")
     p.add_argument("--batch-workers", type=_positive, default=1, help="batches in flight per model")
