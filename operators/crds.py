@@ -370,8 +370,9 @@ def engine_build_spec_schema() -> dict[str, Any]:
         "image": _str("Builder image.", minLength=1),
         "pullPolicy": _str("Image pull policy.", enum=["Always", "IfNotPresent", "Never"]),
         "serviceAccountName": _str("ServiceAccount of the build Job.", maxLength=253),
-        "pod": _obj("The build pod's settings from the ModelDeployment (resources: the build container's).", {
-            k: v for k, v in _pod_settings(" of the build").items() if k != "buildResources"}),
+        "pod": _obj("The build pod's settings, from the ModelDeployment and its target.", {
+            **{k: v for k, v in _pod_settings(" of the build").items() if k not in ("resources", "buildResources")},
+            "resources": _resources("the build container")}),
         "backoffLimit": _int("Job retries before the build is Failed.", minimum=0, maximum=10, default=2),
         "activeDeadlineSeconds": {"type": "integer", "format": "int64", "minimum": 60, "default": 3600,
                                   "description": "Wall-clock limit of the build Job."},

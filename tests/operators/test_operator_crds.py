@@ -66,7 +66,7 @@ def test_crd_metadata_status_subresource_printer_columns_short_names() -> None:
     assert eb_status["properties"]["phase"]["enum"] == ["Pending", "Running", "Succeeded", "Failed"]
 
 
-@pytest.mark.parametrize("path", sorted((REPO / "manifests/examples").glob("*.yaml")), ids=lambda p: p.name)
+@pytest.mark.parametrize("path", sorted((REPO / "manifests/examples").glob("modeldeployment-*.yaml")), ids=lambda p: p.name)
 def test_examples_validate_against_the_crd_schema(path: Path) -> None:
     docs = list(yaml.safe_load_all(path.read_text()))
     assert docs
@@ -77,7 +77,7 @@ def test_examples_validate_against_the_crd_schema(path: Path) -> None:
 
 
 def test_examples_cover_cpu_only_and_two_gpu_products() -> None:
-    docs = [d for p in (REPO / "manifests/examples").glob("*.yaml") for d in yaml.safe_load_all(p.read_text())]
+    docs = [d for p in (REPO / "manifests/examples").glob("modeldeployment-*.yaml") for d in yaml.safe_load_all(p.read_text())]
     products = {t.get("gpuProduct") for d in docs for t in d["spec"]["targets"]}
     assert {"NVIDIA-H100-80GB-HBM3", "Tesla-T4"} <= products
     assert any(all(t.get("cpu") for t in d["spec"]["targets"]) for d in docs)
