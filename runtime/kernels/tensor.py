@@ -215,7 +215,24 @@ def split(spec: KernelSpec) -> Run:
     return run
 
 
-@register("Slice", lambda s: [(None, s.dtypes[0])], params=frozenset({1, 2, 3, 4}))
+def _slice_shape(spec: KernelSpec) -> OutputShapes:
+    """Known where starts, ends, axes and steps are constants: a sliced dynamic dim stays dynamic."""
+    x, consts = spec.shapes[0], spec.consts
+    if x is None or len(consts) < 3 or consts[1] is None or consts[2] is None:
+        return [(None, spec.dtypes[0])]
+    st, en = ints(consts[1]), ints(consts[2])
+    if len(consts) > 3 and spec.present[3] and consts[3] is None or len(consts) > 4 and spec.present[4] and consts[4] is None:
+        return [(None, spec.dtypes[0])]
+    ax = ints(consts[3]) if len(consts) > 3 and consts[3] is not None else list(range(len(st)))
+    sp = ints(consts[4]) if len(consts) > 4 and consts[4] is not None else [1] * len(st)
+    shape = list(x)
+    for s, e, a, k in zip(st, en, ax, sp):
+        a = norm_axis(a, len(shape))
+        shape[a] = -1 if shape[a] < 0 else len(range(*slice(s, e, k).indices(shape[a])))
+    return [(tuple(shape), spec.dtypes[0])]
+
+
+@register("Slice", _slice_shape, params=frozenset({1, 2, 3, 4}))
 def slice_(spec: KernelSpec) -> Run:
     def run(x: np.ndarray, starts: np.ndarray, ends: np.ndarray, axes: np.ndarray | None = None, steps: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
         st, en = ints(starts), ints(ends)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from ..graph import Graph, toposort
 from .constant_folding import fold_constants
+from .recurrent_loops import rewrite_recurrent_loops
 from .dce import eliminate_dead_nodes
 from .fusion import fold_scale_into_softmax, fuse
 from .blocked import to_blocked
@@ -17,7 +18,7 @@ from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views, matmul_operands_as_views
 
-PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "fuse", "hoist_strides", "quantization.requantize", "merge_sibling_matmuls",
+PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "rewrite_recurrent_loops", "fuse", "hoist_strides", "quantization.requantize", "merge_sibling_matmuls",
             "fold_scale_into_softmax", "to_nhwc",
             "collapse_views", "fuse_attention", "matmul_operands_as_views", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "to_blocked", "eliminate_dead_nodes", "infer_shapes")
 
@@ -33,6 +34,8 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
         if len(graph.nodes) == before:
             break
     if fusion:
+        rewrite_recurrent_loops(graph)
+        infer_shapes(graph)
         hoist_strides(toposort(fuse(graph)))
     quantization.requantize(graph)  # also clears what prepare noted for it
     if fusion and layout:  # host kernels: device runtimes keep their matmuls as they are
@@ -56,4 +59,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "fuse", "hoist_strides", "merge_sibling_matmuls", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "rewrite_recurrent_loops", "fuse", "hoist_strides", "merge_sibling_matmuls", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

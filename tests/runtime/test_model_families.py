@@ -15,7 +15,7 @@ from kubetrt.runtime.accuracy import HOST, compare, tolerance_for
 from kubetrt.runtime.package import read_manifest
 from test_models import tf_outputs  # the TensorFlow signature, loaded once per SavedModel
 
-FAMILIES = ["unet", "resize", "lstm", "gru", "bidirectional", "cumsum", "control_flow"]
+FAMILIES = ["unet", "resize", "lstm", "gru", "gru_text", "bidirectional", "cumsum", "control_flow"]
 FP32 = tolerance_for("fp32", HOST)
 
 
