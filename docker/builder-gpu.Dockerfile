@@ -34,10 +34,11 @@ COPY runtime ./runtime
 COPY serving ./serving
 COPY pipeline ./pipeline
 COPY operators ./operators
-# No `pip check`: it would judge the base image's own packages too; the imports below must work.
-RUN /opt/kubetrt/bin/pip install --no-deps --no-build-isolation . && rm -rf build \
- && /opt/kubetrt/bin/python -c 'import cupy, kubetrt.runtime.devices, kubetrt.cli.main'
+RUN /opt/kubetrt/bin/pip install --no-deps --no-build-isolation . && rm -rf build
 WORKDIR /
+# No `pip check`: it would judge the base image's own packages too; what the image runs must import
+# (from /, where the source tree's folders cannot shadow the installed package).
+RUN /opt/kubetrt/bin/python -c 'import cupy, kubetrt.runtime.devices, kubetrt.cli.main'
 ENV PATH=/opt/kubetrt/bin:$PATH PYTHONUNBUFFERED=1 HOME=/tmp
 USER 65532:65532
 ENTRYPOINT ["kubetrt"]

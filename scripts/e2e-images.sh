@@ -10,6 +10,8 @@
 # are reused. Environment:
 #   KUBETRT_E2E_DIR   work dir (containers.conf, logs, build context); default ~/.cache/kubetrt-e2e
 #   KUBETRT_E2E_REBUILD=1   rebuild the base image and the images without layer cache
+#   KUBETRT_E2E_GPU_IMAGES=1   also build docker/{serving,builder}-gpu.Dockerfile on the local base:
+#                           they install (CuPy included) and import there; their CUDA bases need a registry
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO="$PWD"
@@ -143,3 +145,9 @@ wait "$o" || build_failed operator
 wait "$p" || build_failed pipeline
 sizes="$(podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep "kubetrt/.*:$TAG" | sed 's|localhost/kubetrt/||' | tr '\n' ' ')"
 done_step "$sizes"
+if [ "${KUBETRT_E2E_GPU_IMAGES:-0}" = 1 ]; then
+  step "building images serving-gpu, builder-gpu on $BASE_IMAGE instead of a CUDA base (podman build)"
+  build_image serving-gpu || build_failed serving-gpu
+  build_image builder-gpu || build_failed builder-gpu
+  done_step "$(podman images --format '{{.Repository}}:{{.Tag}} {{.Size}}' | grep -- "-gpu:$TAG" | sed 's|localhost/kubetrt/||' | tr '\n' ' ')"
+fi
