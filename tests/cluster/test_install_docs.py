@@ -98,8 +98,9 @@ def test_readme_kubectl_install_on_a_clean_cluster(agent: NodeAgent) -> None:
                         detail=lambda: kubectl("get", "pods", "-A", "-o", "wide").stdout + "\n".join(agent.errors[-5:]))
     assert pod["spec"]["nodeName"] == CPU_NODE
     env = {e["name"]: e.get("value") for e in pod["spec"]["containers"][0]["env"]}
-    assert env["KUBETRT_SERVING_IMAGE"] == f"localhost/kubetrt/serving:{TAG}"
-    assert env["KUBETRT_BUILDER_IMAGE"] == f"localhost/kubetrt/builder:{TAG}"
+    for var, image in (("KUBETRT_SERVING_IMAGE", "serving"), ("KUBETRT_BUILDER_IMAGE", "builder"),
+                       ("KUBETRT_SERVING_IMAGE_GPU", "serving-gpu"), ("KUBETRT_BUILDER_IMAGE_GPU", "builder-gpu")):
+        assert env[var] == f"localhost/kubetrt/{image}:{TAG}", var
 
 
 def _helm_args(command: str) -> list[str]:
