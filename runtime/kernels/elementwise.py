@@ -118,8 +118,10 @@ ROW_VECTOR_MIN_ELEMENTS = 4096  # below this NumPy's call is as cheap
 
 @register("MulAdd", same_as_input)
 def mul_add(spec: KernelSpec) -> Run:
-    """x * scale + shift, scale and shift constant vectors over x's last axis (passes/affine.py)."""
+    """x * scale + shift, scale and shift constant vectors over x's last axis (passes/affine.py);
+    with the attribute relu=1, a ReLU in the same pass."""
     scale, shift = spec.const(1), spec.const(2)
+    relu = bool(spec.attr("relu", 0))
     if scale is None or shift is None:
         raise ValueError(f"MulAdd {spec.name}: scale and shift must be constants")
     width = scale.size
@@ -129,8 +131,9 @@ def mul_add(spec: KernelSpec) -> Run:
             raise ValueError(f"MulAdd {spec.name}: expected float32 input with {width} values on its last axis, "
                              f"got {x.dtype}{list(x.shape)}")
         if jit.AVAILABLE:
-            return (jit.rows_affine(np.ascontiguousarray(x), scale, shift),)
-        return (x * scale + shift,)
+            return (jit.rows_affine(np.ascontiguousarray(x), scale, shift, relu),)
+        y = x * scale + shift
+        return (np.maximum(y, 0, out=y) if relu else y,)
 
     return run
 

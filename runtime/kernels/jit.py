@@ -621,12 +621,12 @@ if numba is not None:
                     y[j] = v[j] / x[j]
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
-    def _rows_affine(a, scale, shift, out, start, stop):
+    def _rows_affine(a, scale, shift, floor, out, start, stop):
         c = scale.shape[0]
         for i in range(start, stop):
             x, y = a[i], out[i]
             for j in range(c):
-                y[j] = x[j] * scale[j] + shift[j]
+                y[j] = max(x[j] * scale[j] + shift[j], floor)  # NaN stays NaN, as np.maximum keeps it
 
     @njit(cache=True, nogil=True, error_model="numpy")
     def _rows_by_vector_in_place(a, v, op, start, stop):
@@ -662,14 +662,16 @@ def _rows_joined(c: int, rows: int) -> int:
     return k
 
 
-def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray) -> np.ndarray:
-    """a * scale + shift in one pass, for a C-contiguous float32 array and vectors over its last
-    axis (passes/affine.py composes a chain of per-channel Mul/Add/Sub/Div into them)."""
+def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool = False) -> np.ndarray:
+    """a * scale + shift in one pass (then max(., 0) with `relu`), for a C-contiguous float32 array
+    and vectors over its last axis (passes/affine.py composes a chain of per-channel
+    Mul/Add/Sub/Div into them)."""
     c = scale.size
     rows = a.size // c
     k = _rows_joined(c, rows)
     out = np.empty_like(a)
-    args = (a.reshape(rows // k, c * k), np.tile(scale, k), np.tile(shift, k), out.reshape(rows // k, c * k))
+    floor = np.float32(0.0 if relu else -np.inf)
+    args = (a.reshape(rows // k, c * k), np.tile(scale, k), np.tile(shift, k), floor, out.reshape(rows // k, c * k))
     run_split(_rows_affine, args, rows // k, a.size // ROW_VECTOR_PASSES)
     return out
 

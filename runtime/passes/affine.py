@@ -2,7 +2,8 @@
 
 A model's input scaling (Keras' Rescaling and Normalization layers: multiply, subtract the mean,
 divide by the deviation) is such a chain, each step a full pass over the input image. Composed,
-it is one pass. The constants must be scalars or vectors over the last axis (NHWC channels), so
+it is one pass, and so is a ReLU that alone reads the chain's result (a batch normalization before
+its activation, as DenseNet's layers begin). The constants must be scalars or vectors over the last axis (NHWC channels), so
 the pass runs after the layout pass; every value inside the chain must be read by the next node
 alone. The constants are composed in float64 and rounded once.
 """
@@ -76,10 +77,14 @@ def fold_affine_chains(graph: Graph) -> Graph:
             node = idx.sole_user(value)  # none past a graph output or a value read twice
         if len(chain) < 2:
             continue
+        attrs = {}
+        if node is not None and node.op == "Relu" and len(node.outputs) == 1:  # pre-activation batch norm + ReLU (DenseNet)
+            chain.append(node)
+            value, attrs = node.outputs[0], {"relu": 1}
         scale, shift = _compose(steps, width)
         names = [unique_name(f"{head.name}.scale", taken), unique_name(f"{head.name}.shift", taken)]
         graph.constants[names[0]], graph.constants[names[1]] = scale, shift
-        fused = Node(OP, f"{head.name}.muladd", [x, *names], [value], {})
+        fused = Node(OP, f"{head.name}.muladd", [x, *names], [value], attrs)
         gone = {id(n) for n in chain}
         folded |= gone
         graph.nodes[:] = [fused if n is head else n for n in graph.nodes if n is head or id(n) not in gone]

@@ -4,9 +4,12 @@ NumPy's GEMM is fastest with one tall matrix: in NHWC an im2col convolution is a
 (N*OH*OW, kh*kw*C) x (kh*kw*C, O) product whose result already is the next layer's input, and a
 pointwise convolution needs no copy at all. Converters hand us NCHW (with a Transpose at the
 input), so each conv-family node is rewritten as its NHWC twin between two Transposes, and the
-Transposes are then pushed through layout-agnostic ops until adjacent pairs compose to identity.
+Transposes are then pushed through layout-agnostic ops until adjacent pairs compose to identity;
+a transpose that several such ops read is copied for each, so each copy can sink on its own.
 """
 from __future__ import annotations
+
+from typing import Callable
 
 import numpy as np
 
@@ -44,11 +47,24 @@ class _Rewriter:
         self.counter += 1
         return f"{base}:layout{self.counter}"
 
+    def index(self) -> None:
+        """Who makes and who reads each value, as the graph is now: every rule looks up through
+        this and returns at its first change, so the index is taken again before each rule."""
+        self._producers = {o: n for n in self.g.nodes for o in n.outputs}
+        self._users: dict[str, list[Node]] = {}
+        for n in self.g.nodes:
+            for i in dict.fromkeys(n.inputs):
+                self._users.setdefault(i, []).append(n)
+
     def producer(self, value: str) -> Node | None:
-        return next((n for n in self.g.nodes if value in n.outputs), None)
+        return self._producers.get(value)
 
     def users(self, value: str) -> list[Node]:
-        return [n for n in self.g.nodes if value in n.inputs]
+        return self._users.get(value, [])
+
+    def unread(self, value: str) -> bool:
+        """After a change (the index is stale): whether no node reads `value`."""
+        return all(value not in n.inputs for n in self.g.nodes)
 
     def single_use_transpose(self, value: str) -> Node | None:
         p = self.producer(value)
@@ -89,7 +105,8 @@ def to_nhwc(graph: Graph) -> Graph:
         node.outputs[0] = rw.fresh(out)
         node.op = FAMILY[node.op]
         rw.insert_after(node, rw.transpose(node.outputs[0], TO_NCHW, out))
-    while any(rule(rw) for rule in (_cancel, _sink_unary, _sink_binary, _sink_pad, _sink_concat)):
+    rules = (_cancel, _sink_unary, _sink_binary, _sink_pad, _sink_concat, _split_shared)
+    while any(rule(rw) for rule in rules):
         pass
     return graph
 
@@ -99,6 +116,16 @@ def _replace_uses(rw: _Rewriter, old: str, new: str) -> None:
         n.inputs = [new if i == old else i for i in n.inputs]
 
 
+def _indexed(rule: Callable[[_Rewriter], bool]) -> Callable[[_Rewriter], bool]:
+    """A rule that looks values up in a fresh index; it returns at its first change."""
+    def run(rw: _Rewriter) -> bool:
+        rw.index()
+        return rule(rw)
+
+    return run
+
+
+@_indexed
 def _cancel(rw: _Rewriter) -> bool:
     for t2 in rw.g.nodes:
         if t2.op != "Transpose":
@@ -115,7 +142,7 @@ def _cancel(rw: _Rewriter) -> bool:
                 rw.g.nodes.remove(t2)
         else:
             t2.inputs, t2.attrs = [t1.inputs[0]], {"perm": perm}
-        if not rw.users(t1.outputs[0]) and t1.outputs[0] not in rw.g.output_names():
+        if rw.unread(t1.outputs[0]) and t1.outputs[0] not in rw.g.output_names():
             rw.g.nodes.remove(t1)
         return True
     return False
@@ -131,6 +158,7 @@ def _move_after(rw: _Rewriter, node: Node, t: Node, sources: dict[int, str]) -> 
     rw.insert_after(node, Node("Transpose", t.name, [node.outputs[0]], [out], dict(t.attrs)))
 
 
+@_indexed
 def _sink_unary(rw: _Rewriter) -> bool:
     for node in rw.g.nodes:
         if node.op not in UNARY or len(node.outputs) != 1:
@@ -146,6 +174,7 @@ def _sink_unary(rw: _Rewriter) -> bool:
     return False
 
 
+@_indexed
 def _sink_binary(rw: _Rewriter) -> bool:
     for node in rw.g.nodes:
         if node.op not in BINARY or len(node.inputs) != 2:
@@ -172,6 +201,44 @@ def _sink_binary(rw: _Rewriter) -> bool:
     return False
 
 
+def _accepts(rw: _Rewriter, user: Node, perm: list[int]) -> bool:
+    """Whether a transpose by `perm` feeding `user` would sink through it (or cancel in it)."""
+    def transposed(value: str) -> bool:
+        p = rw.producer(value)
+        return p is not None and p.op == "Transpose" and p.attrs["perm"] == perm
+
+    if user.op == "Transpose":
+        return True
+    if user.op in UNARY:
+        return len(user.outputs) == 1 and all(not i or i in rw.g.constants for i in user.inputs[1:]) and (
+            user.op not in PER_TENSOR or rw.g.constants[user.inputs[1]].size == 1)
+    if user.op in BINARY:
+        return len(user.inputs) == 2 and all(transposed(i) or (i in rw.g.constants and rw.g.constants[i].ndim <= len(perm))
+                                             for i in user.inputs)
+    if user.op == "Concat":
+        return all(transposed(i) for i in user.inputs)
+    return False
+
+
+@_indexed
+def _split_shared(rw: _Rewriter) -> bool:
+    """A transpose read by several nodes, each of which it would sink through, becomes one copy
+    per reader: DenseNet's concatenations feed both the next layer and the next concatenation."""
+    for t in rw.g.nodes:
+        if t.op != "Transpose" or t.outputs[0] in rw.g.output_names():
+            continue
+        users = rw.users(t.outputs[0])
+        if len(users) < 2 or not all(_accepts(rw, u, t.attrs["perm"]) for u in users):
+            continue
+        for user in users[1:]:
+            copy = rw.transpose(t.inputs[0], t.attrs["perm"])
+            rw.insert_after(t, copy)
+            user.inputs = [copy.outputs[0] if i == t.outputs[0] else i for i in user.inputs]
+        return True
+    return False
+
+
+@_indexed
 def _sink_pad(rw: _Rewriter) -> bool:
     for node in rw.g.nodes:
         if node.op != "Pad" or len(node.inputs) < 2 or node.inputs[1] not in rw.g.constants:
@@ -195,6 +262,7 @@ def _sink_pad(rw: _Rewriter) -> bool:
     return False
 
 
+@_indexed
 def _sink_concat(rw: _Rewriter) -> bool:
     for node in rw.g.nodes:
         if node.op != "Concat":

@@ -85,3 +85,37 @@ def test_a_division_by_zero_is_no_link() -> None:
     got, ops = run_plan(model, feeds)
     np.testing.assert_allclose(got[0], run_ort(model, feeds)[0], rtol=1e-6)  # a channel of infinities, as onnxruntime has it
     assert "MulAdd" not in ops and ops.count("Div") == 1, ops
+
+
+def dense_block(layers: int) -> tuple[list, dict[str, np.ndarray]]:
+    """DenseNet's layout as converters write it (NCHW after the input's Transpose): each layer
+    reads the running concatenation through batch norm (Mul, Add per channel) and ReLU into a
+    convolution, whose result joins the concatenation, which the next layer and the next
+    concatenation both read."""
+    nodes = [node("Transpose", ["x"], ["t"], perm=[0, 3, 1, 2]), node("Conv", ["t", "w"], ["cat0"], pads=[1, 1, 1, 1])]
+    consts: dict[str, np.ndarray] = {"w": f32(8, 3, 3, 3)}
+    width = 8
+    for i in range(layers):
+        consts.update({f"s{i}": f32(width, 1, 1), f"b{i}": f32(width, 1, 1), f"k{i}": f32(4, width, 1, 1)})
+        nodes += [node("Mul", [f"cat{i}", f"s{i}"], [f"m{i}"]), node("Add", [f"m{i}", f"b{i}"], [f"a{i}"]),
+                  node("Relu", [f"a{i}"], [f"r{i}"]), node("Conv", [f"r{i}", f"k{i}"], [f"c{i}"]),
+                  node("Concat", [f"cat{i}", f"c{i}"], [f"cat{i + 1}"], axis=1)]
+        width += 4
+    return nodes + [node("Conv", [f"cat{layers}", "last"], ["y"])], {**consts, "last": f32(4, width, 1, 1)}
+
+
+def test_batch_norm_and_relu_before_a_convolution_run_as_one_pass_with_no_transposes() -> None:
+    nodes, consts = dense_block(3)
+    ops = check(nodes, consts, ["y"])
+    assert ops.count("MulAdd") == 3 and not {"Mul", "Add", "Relu"} & set(ops), ops
+    assert ops.count("Transpose") == 1 and ops[-1] == "Transpose", ops  # only the one to the model's NCHW output
+
+
+def test_a_relu_read_by_two_nodes_is_no_link_of_the_pass() -> None:
+    consts = {"k": f32(3), "m": f32(3), **W}
+    nodes = [node("Mul", ["x", "k"], ["a"]), node("Add", ["a", "m"], ["b"]), node("Relu", ["b"], ["c"])] + stem("c")
+    ops = check(nodes, consts, ["y", "c"])  # the ReLU's result is an output too: fused, it is still the MulAdd's
+    assert ops.count("MulAdd") == 1 and "Relu" not in ops, ops
+    nodes = [node("Mul", ["x", "k"], ["a"]), node("Add", ["a", "m"], ["b"])] + stem("b")
+    ops = check(nodes, consts, ["y", "b"])  # the chain's own result read twice: no ReLU to take
+    assert ops.count("MulAdd") == 1, ops
