@@ -14,7 +14,8 @@ the kubelet's part that the tests observe, from the pod object as the API server
   given as KUBERNETES_SERVICE_HOST/PORT; the EndpointSlice controller refuses loopback addresses ("may
   not be in the loopback range"), so Services here have no endpoints: tests pick ready pods by the
   Service's selector, which is what its endpoints would hold;
-* volumes: emptyDir, hostPath and the projected ServiceAccount volume (a token from the
+* volumes: emptyDir, hostPath, a PersistentVolumeClaim bound (by the controller manager) to a
+  hostPath PersistentVolume, and the projected ServiceAccount volume (a token from the
   TokenRequest API bound to the pod, the kube-root-ca.crt ConfigMap and the namespace);
 * env with the Downward API, securityContext, resource limits (tests/containers/podman_pods.py's
   translation); readinessProbe httpGet; restartPolicy; graceful deletion (the preStop sleep
@@ -426,14 +427,35 @@ class NodeAgent:
                 elif kind == "Directory" and not Path(path).is_dir():
                     raise RuntimeError(f"hostPath {path} is not a directory")
                 host = Path(path)
+            elif "persistentVolumeClaim" in vol:
+                host = self._claimed_path(pod["metadata"]["namespace"], vol["persistentVolumeClaim"])
+                if vol["persistentVolumeClaim"].get("readOnly"):
+                    ro = ":ro"
             elif "projected" in vol:
                 self._projected(pod, vol["projected"], host)
                 ro = ":ro"
             else:
-                raise RuntimeError(f"volume {mount['name']}: the node agent mounts emptyDir, hostPath and projected "
-                                   f"ServiceAccount volumes, not {sorted(vol)}")
+                raise RuntimeError(f"volume {mount['name']}: the node agent mounts emptyDir, hostPath, hostPath-backed "
+                                   f"PersistentVolumeClaims and projected ServiceAccount volumes, not {sorted(vol)}")
+            if mount.get("subPath"):
+                host = host / mount["subPath"]
             args += ["-v", f"{host}:{mount['mountPath']}{ro}"]
         return args
+
+    def _claimed_path(self, namespace: str, source: Mapping[str, Any]) -> Path:
+        """The directory of the hostPath PersistentVolume the claim is bound to (the scheduler binds
+        no pod before its claims are bound)."""
+        core = kubernetes.client.CoreV1Api(self.api)
+        claim = core.read_namespaced_persistent_volume_claim(source["claimName"], namespace)
+        if claim.status.phase != "Bound" or not claim.spec.volume_name:
+            raise RuntimeError(f"claim {namespace}/{source['claimName']} is {claim.status.phase}, not Bound")
+        volume = core.read_persistent_volume(claim.spec.volume_name)
+        if volume.spec.host_path is None:
+            raise RuntimeError(f"PersistentVolume {volume.metadata.name}: the node agent mounts hostPath volumes only")
+        path = Path(volume.spec.host_path.path)
+        if not path.is_dir():
+            raise RuntimeError(f"PersistentVolume {volume.metadata.name}: {path} is not a directory")
+        return path
 
     def _projected(self, pod: Mapping[str, Any], projected: Mapping[str, Any], host: Path) -> None:
         meta, spec = pod["metadata"], pod["spec"]
