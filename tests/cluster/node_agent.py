@@ -18,7 +18,8 @@ the kubelet's part that the tests observe, from the pod object as the API server
   hostPath PersistentVolume, and the projected ServiceAccount volume (a token from the
   TokenRequest API bound to the pod, the kube-root-ca.crt ConfigMap and the namespace);
 * env with the Downward API, securityContext, resource limits (tests/containers/podman_pods.py's
-  translation); readinessProbe httpGet; restartPolicy; graceful deletion (the preStop sleep
+  translation); a container whose env names a missing Secret waits in CreateContainerConfigError
+  (retried every few seconds, as the kubelet does); readinessProbe httpGet; restartPolicy; graceful deletion (the preStop sleep
   action, SIGTERM, terminationGracePeriodSeconds, then the final delete, as the kubelet does);
 * the GPU nodes carry no container runtime here: their pods are recorded (node, resources) and
   reported Failed with reason NoGPURuntime, so their Jobs fail as a node without the runtime
@@ -171,6 +172,7 @@ class NodeAgent:
     _busy: set[str] = field(default_factory=set)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _last_lease: float = 0.0
+    _config_retry: dict[str, float] = field(default_factory=dict)  # uid -> when to try a waiting pod again
 
     # ------------------------------------------------------------------ loop
     def start(self) -> None:
@@ -322,6 +324,8 @@ class NodeAgent:
             return
         if uid in self.pods or st.get("phase") in ("Succeeded", "Failed"):
             return
+        if time.monotonic() < self._config_retry.get(uid, 0.0):
+            return
         self._background(uid, lambda: self._run(pod))
 
     def _terminate(self, uid: str, ns: str, name: str, grace: int) -> None:
@@ -376,9 +380,19 @@ class NodeAgent:
             args += ["-p", f"{ip}:{port['containerPort']}:{port['containerPort']}/{port.get('protocol', 'TCP').lower()}"]
         args += self._volumes(pod, c, pod_dir)
         term_host, term_mount = termination_log(c, pod_dir)
-        env = {"KUBERNETES_SERVICE_HOST": POD_VIEW_OF_HOST, "KUBERNETES_SERVICE_PORT": str(self.api_port),
-               "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
-               **downward_api.container_env(c, name, ns, secrets=self._secrets(ns, c))}
+        try:
+            env = {"KUBERNETES_SERVICE_HOST": POD_VIEW_OF_HOST, "KUBERNETES_SERVICE_PORT": str(self.api_port),
+                   "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
+                   **downward_api.container_env(c, name, ns, secrets=self._secrets(ns, c))}
+        except ValueError as e:
+            reason, _, message = str(e).partition(": ")
+            if reason != "CreateContainerConfigError":
+                raise
+            shutil.rmtree(pod_dir, ignore_errors=True)
+            self._config_retry[uid] = time.monotonic() + 5
+            self._waiting(pod, reason, message)
+            return
+        self._config_retry.pop(uid, None)
         args += [*term_mount, *process_args(c, env)]
         podman("rm", "-f", "-t", "0", container, check=False)
         running = RunningPod(uid, ns, name, container, c, ip, pod_dir, term_host, spec.get("restartPolicy", "Always"),
@@ -390,6 +404,21 @@ class NodeAgent:
         running.ready = proc.returncode == 0 and "readinessProbe" not in c
         self.pods[uid] = running
         self._report(running)
+
+    def _waiting(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
+        """The pod's container cannot be created yet: Pending, its container waiting with the reason."""
+        meta, c = pod["metadata"], pod["spec"]["containers"][0]
+        have = [cs.get("state", {}).get("waiting", {}) for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+        if have and have[0].get("reason") == reason and have[0].get("message") == message:
+            return  # reported already: the retry found the same
+        t = now()
+        self._patch_status(meta["namespace"], meta["name"], {
+            "phase": "Pending", "hostIP": "127.0.0.1",
+            "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": t},
+                           {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": t}],
+            "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
+                                   "restartCount": 0, "started": False,
+                                   "state": {"waiting": {"reason": reason, "message": message}}}]})
 
     def _secrets(self, ns: str, c: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         names = {s["secretRef"]["name"] for s in c.get("envFrom") or [] if "secretRef" in s}

@@ -251,3 +251,51 @@ def test_gpu_target_without_a_node_says_so_in_kubectl_get_within_a_minute(
     recorded = wait_until("the operator's Unschedulable Events", lambda: events("EngineBuild", eb["metadata"]["name"])
                           and events("ModelDeployment", name), timeout=30, period=1)
     assert recorded[0]["type"] == "Warning"
+
+
+def test_a_build_whose_secret_is_missing_says_so(gpu_example: dict[str, Any], agent: NodeAgent) -> None:
+    """The example's store Secret does not exist here: its CPU target's build pod cannot be
+    created (CreateContainerConfigError), which the target's status and Degraded say."""
+    md = gpu_example["md"]
+    name, secret = md["metadata"]["name"], md["spec"]["store"]["credentialsSecret"]
+    cpu = next(t["name"] for t in md["spec"]["targets"] if t.get("cpu"))
+
+    def message() -> str | None:
+        live = kubectl_json("get", "modeldeployment", name, "-n", NS)
+        target = next((t for t in (live.get("status") or {}).get("targets") or [] if t["name"] == cpu), {})
+        return target.get("message") if secret in target.get("message", "") else None
+    said = wait_until(f"target {cpu} saying its Secret is missing", message, timeout=60, period=1,
+                      detail=lambda: dump(name, agent))
+    assert said.startswith("engine build pending: container build: secret") and "not found" in said, said
+    degraded = condition(kubectl_json("get", "modeldeployment", name, "-n", NS), "Degraded")
+    assert f"target {cpu}: {said}" in degraded["message"]
+    say(f"{cpu}: {said}")
+
+
+# ----------------------------------------------------------------------------- a fallback target
+def test_fallback_target_takes_the_service_while_no_primary_target_is_ready(
+        cpu_example: dict[str, Any], agent: NodeAgent) -> None:
+    """The CPU example with an H100 target added in front of its CPU target, now a fallback: the
+    H100 build cannot run here, so the Service selects the fallback's pods; <name>-fallback does
+    always."""
+    md = cpu_example["md"]
+    name = md["metadata"]["name"]
+    patch = [{"op": "add", "path": "/spec/targets/0/fallback", "value": True},
+             {"op": "add", "path": "/spec/targets/-", "value": {"name": "h100", "gpuProduct": "NVIDIA-H100-80GB-HBM3"}}]
+    kubectl("patch", "modeldeployment", name, "-n", NS, "--type=json", "-p", json.dumps(patch))
+
+    def switched() -> dict[str, Any] | None:
+        main = kubectl_json("get", "service", name, "-n", NS)
+        fallback = kubectl("get", "service", f"{name}-fallback", "-n", NS, "-o", "json", check=False)
+        if fallback.returncode != 0 or main["spec"]["selector"].get(names.LABEL_ROLE) != "fallback":
+            return None
+        pods = kubectl_json("get", "pods", "-n", NS, "-l", ",".join(f"{k}={v}" for k, v in main["spec"]["selector"].items()))
+        ready = [p for p in pods["items"] if any(c["type"] == "Ready" and c["status"] == "True"
+                                                 for c in p["status"].get("conditions") or [])]
+        return {"main": main, "fallback": json.loads(fallback.stdout), "ready": ready} if ready else None
+    found = wait_until("the Service selecting the fallback target's ready pods", switched, timeout=240, period=2,
+                       detail=lambda: dump(name, agent))
+    assert found["fallback"]["spec"]["selector"][names.LABEL_ROLE] == "fallback"
+    roles = {t["name"]: t["role"] for t in kubectl_json("get", "modeldeployment", name, "-n", NS)["status"]["targets"]}
+    assert roles == {"cpu": "fallback", "h100": "primary"}
+    say(f"svc/{name} selects {found['ready'][0]['metadata']['name']} (fallback) while h100 has no ready pod")
