@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..graph import Graph, toposort
-from .constant_folding import fold_constants
+from .constant_folding import fold_constants, fold_to_fixpoint
 from .recurrent_loops import rewrite_recurrent_loops
 from .dce import eliminate_dead_nodes
 from .fusion import fold_scale_into_softmax, fuse
@@ -27,12 +27,7 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     """All passes in order. `layout=False` keeps NCHW (device runtimes whose kernels are NCHW)."""
     infer_shapes(graph)
     quantization.prepare(graph)  # before folding turns int8 weights back into float ones
-    while True:  # a folded shape makes the next shapes static, which can fold in turn
-        before = len(graph.nodes)
-        fold_constants(graph)
-        infer_shapes(graph)
-        if len(graph.nodes) == before:
-            break
+    fold_to_fixpoint(graph)
     if fusion:
         rewrite_recurrent_loops(graph)
         infer_shapes(graph)

@@ -9,7 +9,7 @@ import numpy as np
 
 from ..graph import Graph
 from ..kernels.registry import lookup
-from .shape_inference import spec_for
+from .shape_inference import infer_shapes, spec_for
 
 # Folding these would bake per-run values into the program; never fold them.
 NONDETERMINISTIC = {"RandomNormal", "RandomUniform", "RandomNormalLike", "RandomUniformLike", "Multinomial"}
@@ -47,3 +47,14 @@ def fold_constants(graph: Graph) -> Graph:
         kept.append(node)
     graph.nodes = kept
     return graph
+
+
+def fold_to_fixpoint(graph: Graph) -> Graph:
+    """Fold and infer shapes until nothing more folds: a folded shape makes the next shapes
+    static, which can fold in turn."""
+    while True:
+        before = len(graph.nodes)
+        infer_shapes(graph)
+        fold_constants(graph)
+        if len(graph.nodes) == before:
+            return infer_shapes(graph)

@@ -24,7 +24,7 @@ import numpy as np
 
 from ..graph import Graph, Node, ValueInfo, unique_name
 from ..kernels.registry import lookup
-from .constant_folding import fold_constants
+from .constant_folding import fold_to_fixpoint
 from .shape_inference import infer_shapes, spec_for
 
 GATES = 3  # z, r, h: Keras' order and ONNX's
@@ -68,13 +68,8 @@ def _sigmoid(x: np.ndarray) -> np.ndarray:
 
 def _evaluate(body: Graph, feeds: Mapping[str, np.ndarray], wanted: list[str]) -> list[np.ndarray] | None:
     """The body's `wanted` values for `feeds`, computed by constant folding (its kernels, once)."""
-    g = Graph(nodes=list(body.nodes), inputs=[], outputs=body.outputs, constants={**body.constants, **feeds}, opset=body.opset)
-    while True:
-        before = len(g.nodes)
-        infer_shapes(g)
-        fold_constants(g)
-        if len(g.nodes) == before:
-            break
+    g = fold_to_fixpoint(Graph(nodes=list(body.nodes), inputs=[], outputs=body.outputs, constants={**body.constants, **feeds},
+                               opset=body.opset))
     if any(w not in g.constants for w in wanted):
         return None
     return [g.constants[w] for w in wanted]
@@ -174,14 +169,8 @@ def _rewrite(graph: Graph, node: Node, taken: set[str]) -> list[Node] | None:
     for f, outer in captured.items():
         if outer in graph.constants:
             consts[f] = graph.constants[outer]
-    body = Graph(nodes=list(body.nodes), inputs=[v for v in body.inputs if v.name not in consts], outputs=body.outputs,
-                 constants={**body.constants, **consts}, opset=body.opset)
-    while True:  # the weights' splits and squeezes fold, as the outer graph's did
-        before = len(body.nodes)
-        infer_shapes(body)
-        fold_constants(body)
-        if len(body.nodes) == before:
-            break
+    body = fold_to_fixpoint(Graph(nodes=list(body.nodes), inputs=[v for v in body.inputs if v.name not in consts],
+                                  outputs=body.outputs, constants={**body.constants, **consts}, opset=body.opset))  # the weights' splits fold
 
     plan = _recognize(graph, body, node, formal, captured, passthrough, n)
     if plan is None:
