@@ -247,10 +247,14 @@ def test_gpu_target_without_a_node_says_so_in_kubectl_get_within_a_minute(
     def events(kind: str, obj: str) -> list[dict[str, Any]]:
         items: list[dict[str, Any]] = kubectl_json("get", "events", "-n", NS, "--field-selector",
                                                    f"involvedObject.kind={kind},involvedObject.name={obj}")["items"]
-        return [e for e in items if e.get("reason") == "Unschedulable" and want in e.get("message", "")]
-    recorded = wait_until("the operator's Unschedulable Events", lambda: events("EngineBuild", eb["metadata"]["name"])
-                          and events("ModelDeployment", name), timeout=30, period=1)
-    assert recorded[0]["type"] == "Warning"
+        return [e for e in items if e.get("type") == "Warning" and want in e.get("message", "")]
+
+    def recorded() -> bool:
+        build = events("EngineBuild", eb["metadata"]["name"])
+        # The ModelDeployment's reason is Unschedulable, or TargetsFailing while another target fails too.
+        return any(e["reason"] == "Unschedulable" for e in build) and bool(events("ModelDeployment", name))
+    wait_until("the operator's Warning Events naming the missing label", recorded, timeout=30, period=1,
+               detail=lambda: kubectl("get", "events", "-n", NS, "-o", "wide", check=False).stdout[-4000:])
 
 
 def test_a_build_whose_secret_is_missing_says_so(gpu_example: dict[str, Any], agent: NodeAgent) -> None:

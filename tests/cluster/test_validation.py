@@ -79,6 +79,10 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("holdout-fraction-one", _set("spec.optimization", {"calibration": {"uri": "s3://cal/data", "holdoutFraction": 1.0}}),
      crds.HOLDOUT_FRACTION_RANGE),
     ("missing-store", lambda obj: obj["spec"].pop("store"), 'spec.store: Required value'),
+    ("only-fallback-targets", lambda obj: [t.update(fallback=True) for t in obj["spec"]["targets"]],
+     crds.FALLBACK_NEEDS_PRIMARY),
+    ("bad-toleration-operator", _set("spec.tolerations", [{"key": "dedicated", "operator": "Maybe"}]),
+     'Unsupported value: "Maybe"'),
 ]
 
 
