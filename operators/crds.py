@@ -34,9 +34,9 @@ DEFAULT_CALIBRATION_METHOD = "minmax"  # `kubetrt lower --calibration-method`'s 
 DEFAULT_BATCHING_MAX_BATCH_SIZE = BatchProfile().max
 DEFAULT_HOLDOUT_FRACTION = 0.2
 # One wording for the API server's CEL rule and the operator's own check (objects.validate_spec).
-INT8_NEEDS_CALIBRATION = ("int8 targets need spec.optimization.calibration.uri: where the calibration data the "
-                          "model package was quantized with (`kubetrt lower --calibration DATA`) lives, as "
-                          "s3://, gs://, file:// or pvc://<claim>/<path>")
+INT8_NEEDS_CALIBRATION = ("int8 targets need spec.optimization.calibration.uri: the calibration data the model "
+                          "package was quantized with (`kubetrt lower --calibration DATA`), as its manifest "
+                          "records it, e.g. s3://, gs://, file:// or pvc://<claim>/<path>")
 PERCENTILE_NEEDS_METHOD = "spec.optimization.calibration.percentile is only used with method percentile"
 HOLDOUT_FRACTION_RANGE = "spec.optimization.calibration.holdoutFraction must be greater than 0 and less than 1"
 PERCENTILE_RANGE = "spec.optimization.calibration.percentile must be greater than 0 and at most 100"
@@ -51,8 +51,11 @@ FALLBACK_NEEDS_PRIMARY = ("at least one target must not be a fallback: fallback 
 BUILD_PHASES = ["Pending", "Running", "Succeeded", "Failed"]
 CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady"]
 
-# Where a model package or an engine store may live. pvc://<claim>/<path> is mounted into pods.
-URI_PATTERN = r"^(s3|gs|file|pvc)://.+"
+# Where a model package or an engine store may live (what the engine store reads and writes);
+# pvc://<claim>/<path> is mounted into pods.
+STORE_URI_PATTERN = r"^(s3|file|pvc)://.+"
+# Calibration data as `kubetrt lower --calibration` recorded it: compared, never read, so also gs://.
+CALIBRATION_URI_PATTERN = r"^(s3|gs|file|pvc)://.+"
 QUANTITY_PATTERN = (
     r"^(\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE](\+|-)?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
@@ -146,8 +149,8 @@ def _images(scope: str) -> dict[str, Any]:
     }
 
 
-def _uri(description: str) -> dict[str, Any]:
-    return _str(description, pattern=URI_PATTERN, minLength=6)
+def _uri(description: str, pattern: str = STORE_URI_PATTERN) -> dict[str, Any]:
+    return _str(description, pattern=pattern, minLength=6)
 
 
 def _cel(rule: str, message: str) -> dict[str, Any]:
@@ -161,7 +164,10 @@ def _calibration() -> dict[str, Any]:
     return _obj("How the package's INT8 model was calibrated (`kubetrt lower --calibration`; the pipeline "
                 "copies it from the package manifest). Required when a target builds int8: the build "
                 "refuses a package calibrated with other data.", {
-        "uri": _uri("Where the calibration data lives: s3://, gs://, file:// or pvc://<claim>/<path>."),
+        "uri": _uri("The calibration data the package was quantized with, as `kubetrt lower --calibration` "
+                    "recorded it in the package manifest (the pipeline copies it): s3://, gs://, file:// or "
+                    "pvc://<claim>/<path>. The build compares it with that record and refuses a package "
+                    "calibrated with other data; nothing reads the data.", CALIBRATION_URI_PATTERN),
         "method": _str("Calibration method the activation ranges were taken with (as `kubetrt lower "
                        "--calibration-method`).", enum=CALIBRATION_METHODS, default=DEFAULT_CALIBRATION_METHOD),
         "percentile": {"type": "number", "minimum": 0, "maximum": 100,
@@ -256,11 +262,11 @@ def model_deployment_spec_schema() -> dict[str, Any]:
             "signature": _str("SavedModel signature the package was lowered from.", default="serving_default",
                               minLength=1),
             "source": _obj("Where the lowered model package lives.", {
-                "uri": _uri("s3://bucket/prefix, gs://bucket/prefix, file:///path or pvc://<claim>/<path>."),
+                "uri": _uri("s3://bucket/prefix, file:///path or pvc://<claim>/<path>."),
             }, required=["uri"]),
         }, required=["name", "source"]),
         "store": _obj("The engine store builds publish to and serving pods load from.", {
-            "uri": _uri("s3://, gs://, file:// or pvc://<claim>/<path>."),
+            "uri": _uri("s3://, file:// or pvc://<claim>/<path>."),
             "credentialsSecret": _str("Secret whose keys are exposed as env to builds and pods (e.g. AWS_*).",
                                       pattern=r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$", maxLength=253),
         }, required=["uri"]),
@@ -356,7 +362,7 @@ def engine_build_spec_schema() -> dict[str, Any]:
             "digest": _str("Optional sha256 of the package manifest.", pattern=r"^sha256:[a-f0-9]{64}$"),
             "signature": _str("Signature.", default="serving_default"),
             "calibrationURI": _uri("For int8 targets: the calibration data the package must have been quantized "
-                                   "with (passed to the build as --calibration)."),
+                                   "with (passed to the build as --calibration).", CALIBRATION_URI_PATTERN),
         }, required=["name", "packageURI"]),
         "target": _obj("Where and how the engine is built.", {
             **_target_fields(),

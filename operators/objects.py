@@ -277,7 +277,7 @@ def mount_uri(uri: str, mount_path: str, volume: str, read_only: bool) -> tuple[
 
     pvc://<claim>/<path> mounts the claim at `mount_path`; file:///<path> (a node-local directory,
     as on a single-node cluster or a shared mount every node has) mounts that directory from the
-    host at the same path; s3:// and gs:// pass through for the container to fetch.
+    host at the same path; s3:// passes through for the container to fetch.
     """
     if uri.startswith("pvc://"):
         claim, _, sub = uri[len("pvc://"):].partition("/")

@@ -100,5 +100,5 @@ def test_readme_prose_defaults() -> None:
     assert http == cli_default(("serve",), "--port")
     endpoint = re.search(r"http://NAME\.NAMESPACE\.svc\.cluster\.local:(\d+)", flat)
     assert endpoint and int(endpoint.group(1)) == http
-    forwards = re.findall(r"kubectl port-forward svc/NAME (\d+):(\d+)", flat)
+    forwards = re.findall(r"kubectl port-forward svc/[a-z0-9-]+ (\d+):(\d+)", flat)
     assert forwards and all(int(remote) == http for _, remote in forwards)

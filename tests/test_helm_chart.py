@@ -3,31 +3,20 @@ tags from appVersion, `global` from a parent chart, the labelled namespace, pull
 chart README whose values table lists every value values.yaml has."""
 from __future__ import annotations
 
-import os
 import re
 import shutil
-import subprocess
 from pathlib import Path
 from typing import Any, Iterator
 
 import pytest
 import yaml
 
+from helm_binary import helm, run  # noqa: F401  helm is a fixture
+
 REPO = Path(__file__).resolve().parents[1]
 CHART = REPO / "helm" / "kubetrt"
 NAMESPACE = "kubetrt-system"
 
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    path = os.environ.get("KUBETRT_HELM") or str(REPO / ".cache" / "bin" / "helm")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"helm not found at {path}: run scripts/get-helm.sh (or set KUBETRT_HELM)")
-    return path
-
-
-def run(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
 
 
 def render(helm: str, *args: str, release: str = "kubetrt", chart: Path = CHART) -> list[dict[str, Any]]:

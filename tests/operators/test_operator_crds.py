@@ -111,6 +111,8 @@ INVALID = {
     "bad backend": ("spec.targets.0.backend", "openvino"),
     "negative replicas": ("spec.targets.0.replicas", -1),
     "bad uri scheme": ("spec.model.source.uri", "http://example.com/model"),
+    "gs:// package (the engine store reads s3://, file:// and pvc:// only)": ("spec.model.source.uri", "gs://bucket/model"),
+    "gs:// engine store": ("spec.store.uri", "gs://bucket/engines"),
     "bad target name": ("spec.targets.0.name", "H100_GPU"),
     "zero max batch": ("spec.batching", {"maxBatchSize": 0}),
     "utilization over 100": ("spec.autoscaling", {"enabled": True, "targetCPUUtilizationPercentage": 150}),
@@ -125,6 +127,12 @@ def test_invalid_spec_is_rejected_by_the_crd_schema(name: str) -> None:
     v = validator(crds.model_deployment_crd())
     assert v.is_valid(md_body())
     assert not v.is_valid(bad), f"{name} should be rejected"
+
+
+def test_calibration_data_may_be_named_by_a_gs_uri() -> None:
+    """Compared with the package's record, never read: the pipeline may have read it from GCS."""
+    v = validator(crds.model_deployment_crd())
+    assert v.is_valid(_set(md_body(), "spec.optimization", {"calibration": {"uri": "gs://datasets/calibration"}}))
 
 
 def test_apply_defaults_matches_api_server_defaulting() -> None:

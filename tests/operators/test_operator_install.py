@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import copy
-import os
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -11,24 +10,14 @@ import kubernetes_validate
 import pytest
 import yaml
 
+from helm_binary import helm, run  # noqa: F401  helm is a fixture
+
 from kubetrt.operators import crds, handlers, install, rbac
 from kubetrt.operators.objects import OperatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
 CHART = REPO / "helm" / "kubetrt"
 K8S_VERSION = "1.31.0"
-
-
-@pytest.fixture(scope="module")
-def helm() -> str:
-    path = os.environ.get("KUBETRT_HELM") or str(REPO / ".cache" / "bin" / "helm")
-    if not os.access(path, os.X_OK):
-        pytest.fail(f"helm not found at {path}: run scripts/get-helm.sh (or set KUBETRT_HELM)")
-    return path
-
-
-def run(helm: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([helm, *args], capture_output=True, text=True, timeout=60)
 
 
 def builtin(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
