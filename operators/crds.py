@@ -18,7 +18,7 @@ import yaml
 
 from kubetrt.operators.names import (API_VERSION, APP_NAME, DNS_LABEL_MAX, DNS_LABEL_PATTERN, GPU_PRODUCT_LABEL,
                                      GPU_RESOURCE, GROUP, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT,
-                                     LABEL_APP_COMPONENT, LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_VALUE_MAX,
+                                     LABEL_APP_COMPONENT, LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_REVISION, LABEL_VALUE_MAX,
                                      LABEL_VALUE_PATTERN, OPERATOR_NAME, OPERATOR_NAMESPACE, PLURAL_ENGINE_BUILDS,
                                      PLURAL_MODEL_DEPLOYMENTS, TARGET_NAME_MAX, VERSION)
 from kubetrt.runtime.target import BACKENDS, PRECISIONS, BatchProfile
@@ -311,10 +311,24 @@ def model_deployment_spec_schema() -> dict[str, Any]:
             "targetCPUUtilizationPercentage": _int("Target average CPU utilization.", minimum=1, maximum=100,
                                                    default=80),
         }, default={}),
-        "rollout": _obj("RollingUpdate settings of the serving Deployments.", {
-            "maxSurge": _int_or_string("Extra pods during a rollout (count or percentage).", default="25%"),
-            "maxUnavailable": _int_or_string("Pods that may be unavailable during a rollout.", default=0),
-        }, default={}),
+        "rollout": _obj(
+            "How changes reach the serving pods. A change of spec.model (version, digest or package URI) is a new "
+            "revision: its engines are built and verified first. Without canaryTrafficPercent (or at 100) the "
+            "new revision replaces the old by a rolling update that removes an old pod only once a new one is "
+            "ready; maxSurge and maxUnavailable are that update's settings (also for every other change).", {
+                "maxSurge": _int_or_string("Extra pods during a rollout (count or percentage).", default="25%"),
+                "maxUnavailable": _int_or_string("Pods that may be unavailable during a rollout.", default=0),
+                "canaryTrafficPercent": _int(
+                    "KServe's canaryTrafficPercent: the share of traffic a new revision gets while the last "
+                    "revision keeps the rest. A target's canary runs in its own Deployment <md>-<target>-canary "
+                    "behind the same Service; with no mesh, the share is carried by replica counts: the canary "
+                    "gets ceil(replicas * pct / 100) replicas, at least 1, and the stable revision keeps the "
+                    "rest, at least 1 (so 1 replica at 10% runs one of each: half the requests). The stable "
+                    "revision gives up its replicas once the canary's are ready. Under autoscaling the HPA keeps "
+                    "the stable Deployment's count N and the canary gets ceil(N * pct / (100 - pct)). Setting "
+                    "100 (or removing the field) promotes the canary: the stable Deployment rolls to its "
+                    "revision, then the canary Deployment is removed.", minimum=1, maximum=100),
+            }, default={}),
     }, required=["model", "store", "targets"], **{"x-kubernetes-validations": [
         {"rule": _int8_needs_calibration_rule(), "message": INT8_NEEDS_CALIBRATION},
         {"rule": "self.targets.exists(t, !has(t.fallback) || !t.fallback)", "message": FALLBACK_NEEDS_PRIMARY},
@@ -345,6 +359,22 @@ def model_deployment_status_schema() -> dict[str, Any]:
         "message": _str("One line: what is wrong, else what is in progress, else what serves (printer column)."),
         "modelURL": _str("Open Inference Protocol URL of the model."),
         "readyTargets": _str("Targets serving / targets, e.g. 2/3 (printer column)."),
+        "currentRevision": _str("The revision the stable Deployments serve, v<version>-<hash of the model's "
+                                "version, digest and package> (printer column; - before any serves)."),
+        "canaryRevision": _str("The revision in its canary phase (printer column; - when none)."),
+        "revisions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+                      "description": "Each revision that serves or still runs pods.",
+                      "items": _obj("One revision.", {
+                          "name": _str(f"Revision id (the pods' {LABEL_REVISION} label)."),
+                          "role": _str("stable, canary, or previous (old pods of an in-place rolling update).",
+                                       enum=["stable", "canary", "previous"]),
+                          "modelVersion": _str("spec.model.version of the revision."),
+                          "engineKeys": {"type": "array", "items": {"type": "string"},
+                                         "description": "Engines its pods serve, one per target."},
+                          "readyReplicas": _int("Its ready serving pods, all targets.", minimum=0),
+                          "trafficPercent": _int("Its share of the ready serving pods, which the Service "
+                                                 "spreads requests over.", minimum=0, maximum=100),
+                      }, required=["name"])},
     }, **PRESERVE_UNKNOWN_FIELDS)
 
 
@@ -451,6 +481,8 @@ def model_deployment_crd() -> dict[str, Any]:
                     _cond_column("Ready", "Ready"),
                     _cond_column("Degraded", "Degraded"),
                     {"name": "Targets", "type": "string", "jsonPath": ".status.readyTargets"},
+                    {"name": "Revision", "type": "string", "jsonPath": ".status.currentRevision"},
+                    {"name": "Canary", "type": "string", "jsonPath": ".status.canaryRevision"},
                     _cond_column("Engines", "EnginesReady", priority=1),
                     {"name": "URL", "type": "string", "jsonPath": ".status.url"},
                     {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},

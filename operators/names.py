@@ -28,6 +28,13 @@ LABEL_TARGET = f"{GROUP}/target"
 LABEL_BUILD = f"{GROUP}/engine-build"
 # primary or fallback: the main Service selects fallback targets' pods only while no primary serves.
 LABEL_ROLE = f"{GROUP}/role"
+# Revisions: each spec.model (version, digest, package) is one revision; its pods carry its id.
+# stable or canary: which of a target's two serving Deployments a pod belongs to.
+LABEL_REVISION = f"{GROUP}/revision"
+LABEL_TRACK = f"{GROUP}/track"
+TRACK_STABLE = "stable"
+TRACK_CANARY = "canary"
+ANN_MODEL_VERSION = f"{GROUP}/model-version"
 ANN_ENGINE_KEY = f"{GROUP}/engine-key"
 ANN_ENGINE_BUILD = f"{GROUP}/engine-build"
 ANN_SPEC_HASH = f"{GROUP}/spec-hash"
@@ -98,6 +105,17 @@ def stable_hash(value: Any, length: int = 10) -> str:
     """Short content hash of a JSON-able value (canonical JSON, so key order does not matter)."""
     blob = json.dumps(value, sort_keys=True, separators=(",", ":"), default=str).encode()
     return hashlib.sha256(blob).hexdigest()[:length]
+
+
+def canary_name(deployment: str) -> str:
+    """The canary Deployment beside a target's stable Deployment ``deployment``."""
+    return dns_label(deployment, TRACK_CANARY)
+
+
+def revision_id(version: str, identity: Any) -> str:
+    """A revision's id, a label value: the model version (readable) and a hash of the model's
+    whole identity (version, digest, package), so two packages under one version differ."""
+    return dns_label("v" + version, stable_hash(identity, _HASH_LEN), max_len=LABEL_VALUE_MAX)
 
 
 def label_value(name: str) -> str:

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from kubetrt.operators import crds
+from kubetrt.operators.rollout import revision_of
 from kubetrt.operators.names import (
     ANN_ENGINE_BUILD,
     ANN_ENGINE_KEY,
@@ -37,9 +38,15 @@ from kubetrt.operators.names import (
     LABEL_APP_PART_OF,
     LABEL_BUILD,
     LABEL_MD,
+    LABEL_REVISION,
     LABEL_ROLE,
     LABEL_TARGET,
+    LABEL_TRACK,
+    ANN_MODEL_VERSION,
     MANAGED_BY,
+    TRACK_CANARY,
+    TRACK_STABLE,
+    canary_name,
     SERVING_GRPC_PORT,
     SERVING_PORT,
     TERMINATION_LOG,
@@ -468,9 +475,18 @@ def serve_command(package: str, store: str, engine_key: str, backend: str, model
     return cmd
 
 
+ROLLING_UPDATE_KEYS = ("maxSurge", "maxUnavailable")
+
+
 def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any],
-                       engine: Mapping[str, Any], config: OperatorConfig) -> Obj:
-    """Serving Deployment for one target; engine-bound settings come from the verified ``engine``."""
+                       engine: Mapping[str, Any], config: OperatorConfig, track: str = TRACK_STABLE,
+                       replicas: int | None = None) -> Obj:
+    """Serving Deployment for one target; engine-bound settings come from the verified ``engine``.
+
+    ``track`` stable is the target's Deployment `<md>-<target>`, canary the one beside it that
+    runs a new revision during a canary phase (its own selector, so the two never share pods).
+    ``replicas`` overrides the target's count (a canary split); None under autoscaling leaves the
+    count to the HPA."""
     md_name = md["metadata"]["name"]
     eb_spec = engine["spec"]
     eb_target = eb_spec["target"]
@@ -483,7 +499,9 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
     resources.setdefault("requests", {}).setdefault("cpu", "500m")
     resources["requests"].setdefault("memory", "1Gi")
     env = [{"name": "HOME", "value": "/tmp"}, *_thread_env("serving", resources)]
-    pod_labels = {**labels(md_name, "serving", target["name"]), LABEL_ROLE: role(target)}
+    revision = revision_of(eb_spec["model"])
+    pod_labels = {**labels(md_name, "serving", target["name"]), LABEL_ROLE: role(target),
+                  LABEL_REVISION: revision, LABEL_TRACK: track}
     probe = {"port": "http", "scheme": "HTTP"}
     container: Obj = {
         "name": "serving",
@@ -524,25 +542,35 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]
         pod_spec["automountServiceAccountToken"] = True
+    # The stable selector is the one earlier releases created (selectors are immutable); the
+    # stable Deployment never adopts canary pods: their ReplicaSet is owned by the canary.
+    selector = {LABEL_MD: pod_labels[LABEL_MD], LABEL_TARGET: target["name"]}
+    if track == TRACK_CANARY:
+        selector[LABEL_TRACK] = TRACK_CANARY
+    rolling = {k: v for k, v in spec["rollout"].items() if k in ROLLING_UPDATE_KEYS}
     dep_spec: Obj = {
-        "selector": {"matchLabels": {LABEL_MD: pod_labels[LABEL_MD], LABEL_TARGET: target["name"]}},
-        "strategy": {"type": "RollingUpdate", "rollingUpdate": dict(spec["rollout"])},
+        "selector": {"matchLabels": selector},
+        "strategy": {"type": "RollingUpdate", "rollingUpdate": rolling},
         "template": {
             "metadata": {
                 "labels": pod_labels,
                 "annotations": {"prometheus.io/scrape": "true", "prometheus.io/port": str(SERVING_PORT),
-                                "prometheus.io/path": "/metrics", ANN_ENGINE_KEY: engine_key},
+                                "prometheus.io/path": "/metrics", ANN_ENGINE_KEY: engine_key,
+                                ANN_MODEL_VERSION: str(eb_spec["model"]["version"])},
             },
             "spec": pod_spec,
         },
     }
-    if not spec["autoscaling"]["enabled"]:
+    if replicas is not None:
+        dep_spec["replicas"] = int(replicas)
+    elif not spec["autoscaling"]["enabled"]:
         dep_spec["replicas"] = int(target.get("replicas", 1))
+    name = deployment_name(md_name, target["name"])
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
         "metadata": {
-            "name": deployment_name(md_name, target["name"]),
+            "name": canary_name(name) if track == TRACK_CANARY else name,
             "namespace": md["metadata"]["namespace"],
             "labels": dict(pod_labels),
             "annotations": {ANN_ENGINE_KEY: engine_key, ANN_ENGINE_BUILD: engine["metadata"]["name"]},

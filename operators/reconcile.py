@@ -9,8 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from kubetrt.operators import objects, pods as podinfo, status
-from kubetrt.operators.names import ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, KIND_ENGINE_BUILD, LABEL_TARGET
+from kubetrt.operators import objects, pods as podinfo, rollout, status
+from kubetrt.operators.names import (ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, KIND_ENGINE_BUILD, LABEL_TARGET,
+                                     TRACK_CANARY, canary_name)
 from kubetrt.operators.objects import Obj, OperatorConfig
 from kubetrt.runtime.target import TargetError
 
@@ -79,6 +80,7 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
         plan.status = status.model_deployment_status(md, spec, [], errors, config, now)
         return plan
 
+    pct = rollout.canary_percent(spec)
     views: list[status.TargetView] = []
     keep_builds: set[str] = set()
     keep_deployments: set[str] = set()
@@ -93,24 +95,40 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
         keep_builds.add(eb_name)
 
         dep_name = objects.deployment_name(md_name, target["name"])
+        can_name = canary_name(dep_name)
         dep_observed = observed.deployments.get(dep_name)
-        serving: Mapping[str, Any] | None = None
-        if _verified(current):
-            serving = current
-        elif dep_observed is not None:
-            in_use = ((dep_observed.get("metadata") or {}).get("annotations") or {}).get(ANN_ENGINE_BUILD)
-            if in_use and _verified(observed.engine_builds.get(in_use)):
-                serving = observed.engine_builds[in_use]
-        desired_replicas = (max(spec["autoscaling"]["minReplicas"], 1) if spec["autoscaling"]["enabled"]
-                            else int(target.get("replicas", 1)))
+        can_observed = observed.deployments.get(can_name)
+        in_use: Mapping[str, Any] | None = None
+        if dep_observed is not None:
+            in_use_name = ((dep_observed.get("metadata") or {}).get("annotations") or {}).get(ANN_ENGINE_BUILD)
+            if in_use_name and _verified(observed.engine_builds.get(in_use_name)):
+                in_use = observed.engine_builds[in_use_name]
+        serving, canary = _serving_builds(current, in_use, pct)
+        total = int(target.get("replicas", 1))
+        if spec["autoscaling"]["enabled"]:
+            total = max(spec["autoscaling"]["minReplicas"], 1)
+        stable_replicas: int | None = None
+        canary_replicas = 0
+        if canary is not None and pct is not None:
+            if spec["autoscaling"]["enabled"]:
+                have = int(((dep_observed or {}).get("spec") or {}).get("replicas") or total)
+                canary_replicas = rollout.canary_beside(have, pct)
+            else:
+                stable_replicas, canary_replicas = rollout.split_replicas(total, pct)
+                if not status.deployment_done(can_observed, canary_replicas):
+                    stable_replicas = None  # the stable revision gives up replicas once the canary's are ready
+        desired_replicas = stable_replicas if stable_replicas is not None else total
         dep_current = False
+        stable_done = False
         if serving is not None:
             keep_builds.add(serving["metadata"]["name"])
-            dep = objects.with_spec_hash(objects.serving_deployment(md, spec, target, serving, config))
+            dep = objects.with_spec_hash(objects.serving_deployment(md, spec, target, serving, config,
+                                                                    replicas=stable_replicas))
             keep_deployments.add(dep_name)
             dep_current = not needs_apply(dep, dep_observed)
             if not dep_current:
                 plan.apply.append(dep)
+            stable_done = dep_current and status.deployment_done(dep_observed, desired_replicas)
             if spec["autoscaling"]["enabled"]:
                 hpa = objects.with_spec_hash(objects.autoscaler(md, spec, target))
                 keep_autoscalers.add(hpa["metadata"]["name"])
@@ -118,11 +136,24 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
                     plan.apply.append(hpa)
         elif dep_observed is not None:
             keep_deployments.add(dep_name)  # nothing verified to serve yet: leave what runs alone
+        can_current = False
+        if canary is not None:
+            can = objects.with_spec_hash(objects.serving_deployment(md, spec, target, canary, config,
+                                                                    track=TRACK_CANARY, replicas=canary_replicas))
+            keep_deployments.add(can_name)
+            can_current = not needs_apply(can, can_observed)
+            if not can_current:
+                plan.apply.append(can)
+        elif (can_observed is not None and current is not None and serving is current and not stable_done
+              and rollout.deployment_revision(can_observed) == rollout.revision_of(current["spec"]["model"])):
+            keep_deployments.add(can_name)  # promoted: it serves until the stable Deployment runs its revision
         pods = [p for p in observed.pods if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_TARGET)
                 == target["name"]]
         views.append(status.TargetView(target=target, build=current, serving=serving, deployment=dep_observed,
                                        deployment_current=dep_current, desired_replicas=desired_replicas,
-                                       pods=pods, nodes=observed.nodes))
+                                       pods=pods, nodes=observed.nodes, canary=canary,
+                                       canary_deployment=observed.deployments.get(can_name) if canary else None,
+                                       canary_current=can_current, canary_replicas=canary_replicas))
 
     services = [objects.service(md, main_service_role(views))]
     if any(objects.role(v.target) == objects.ROLE_FALLBACK for v in views):
@@ -141,6 +172,21 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
     plan.status = status.model_deployment_status(md, spec, views, [], config, now)
     plan.events = model_deployment_events(md.get("status") or {}, plan.status)
     return plan
+
+
+def _serving_builds(current: Mapping[str, Any] | None, in_use: Mapping[str, Any] | None,
+                    pct: int | None) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+    """(stable, canary) builds of one target: the current spec's build once it verified, else the
+    one the stable Deployment serves. A verified build of a new revision goes to a canary beside
+    the stable revision while ``pct`` asks for a canary phase; otherwise it replaces the stable one
+    (a rolling update that keeps every old pod until a new one is ready)."""
+    if not _verified(current):
+        return in_use, None
+    assert current is not None
+    if in_use is None or pct is None or rollout.revision_of(in_use["spec"]["model"]) == rollout.revision_of(
+            current["spec"]["model"]):
+        return current, None
+    return in_use, current
 
 
 def _ready_pods(view: status.TargetView) -> int:

@@ -5,8 +5,8 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
-from kubetrt.operators import objects, pods as podinfo
-from kubetrt.operators.names import LABEL_BUILD, LABEL_TARGET, SERVING_PORT
+from kubetrt.operators import objects, pods as podinfo, rollout
+from kubetrt.operators.names import LABEL_BUILD, LABEL_TARGET, SERVING_PORT, TRACK_CANARY, TRACK_STABLE
 
 TERMINAL_PHASES = ("Succeeded", "Failed")
 MESSAGE_LIMIT = 1024
@@ -116,6 +116,10 @@ class TargetView:
     desired_replicas: int
     pods: Sequence[Mapping[str, Any]] = ()  # the target's serving pods
     nodes: Sequence[Mapping[str, Any]] | None = None  # read when one of them is unschedulable
+    canary: Mapping[str, Any] | None = None  # verified EngineBuild of a new revision in its canary phase
+    canary_deployment: Mapping[str, Any] | None = None  # its observed Deployment
+    canary_current: bool = False
+    canary_replicas: int = 0
 
 
 def _build_problem(view: TargetView) -> str | None:
@@ -158,16 +162,24 @@ def _phase(eb: Mapping[str, Any] | None) -> str:
     return str(((eb or {}).get("status") or {}).get("phase") or "Pending")
 
 
-def _rollout_done(view: TargetView) -> bool:
-    dep = view.deployment
-    if dep is None or not view.deployment_current:
+def deployment_done(dep: Mapping[str, Any] | None, want: int) -> bool:
+    """Whether an observed Deployment has rolled out its template to ``want`` ready replicas."""
+    if dep is None:
         return False
     st = dep.get("status") or {}
     gen = (dep.get("metadata") or {}).get("generation")
     if gen is not None and st.get("observedGeneration") is not None and st["observedGeneration"] < gen:
         return False
-    want = view.desired_replicas
     return int(st.get("updatedReplicas") or 0) >= want and int(st.get("readyReplicas") or 0) >= want
+
+
+def _rollout_done(view: TargetView) -> bool:
+    if view.deployment is None or not view.deployment_current:
+        return False
+    if view.canary is not None and not (view.canary_current and deployment_done(view.canary_deployment,
+                                                                                view.canary_replicas)):
+        return False
+    return deployment_done(view.deployment, view.desired_replicas)
 
 
 def target_status(view: TargetView) -> dict[str, Any]:
@@ -227,8 +239,14 @@ def conditions(views: list[TargetView], errors: list[str]) -> list[dict[str, Any
     else:
         degraded = _cond("Degraded", False, "AsExpected", "")
 
+    canaries = [v for v in views if v.canary is not None]
     if building:
         progressing = _cond("Progressing", True, "EnginesBuilding", f"building engines for: {names(building)}")
+    elif canaries and not rolling:
+        progressing = _cond("Progressing", True, "Canary", "canary revision {} serving {} of {} pod(s) of: {}".format(
+            rollout.revision_of(canaries[0].canary["spec"]["model"]),  # type: ignore[index]
+            sum(v.canary_replicas for v in canaries), sum(v.canary_replicas + v.desired_replicas for v in canaries),
+            names(canaries)))
     elif rolling:
         progressing = _cond("Progressing", True, "RollingOut", f"rolling out: {names(rolling)}")
     else:
@@ -281,6 +299,16 @@ def merge_conditions(old: list[Mapping[str, Any]], new: list[dict[str, Any]], no
     return out
 
 
+def revision_status(views: Sequence[TargetView]) -> dict[str, Any]:
+    """``revisions``, ``currentRevision`` (what the stable Deployments serve) and ``canaryRevision``
+    (a new revision in its canary phase; ``-`` when none, so printer columns never go blank)."""
+    stable = [v.serving for v in views if v.serving is not None]
+    canary = [v.canary for v in views if v.canary is not None]
+    revs = rollout.revisions(stable, canary, [p for v in views for p in v.pods])
+    pick = lambda role: next((r["name"] for r in revs if r["role"] == role), rollout.NO_REVISION)  # noqa: E731
+    return {"revisions": revs, "currentRevision": pick(TRACK_STABLE), "canaryRevision": pick(TRACK_CANARY)}
+
+
 def model_deployment_status(md: Mapping[str, Any], spec: Mapping[str, Any], views: list[TargetView],
                             errors: list[str], config: objects.OperatorConfig, now: str) -> dict[str, Any]:
     """The full status of a ModelDeployment."""
@@ -301,6 +329,7 @@ def model_deployment_status(md: Mapping[str, Any], spec: Mapping[str, Any], view
         "message": _tail(summary(conds)),
         "modelURL": f"{endpoint}/v2/models/{model.get('name', '')}/versions/{model.get('version', '1')}",
         "readyTargets": f"{sum(1 for v in views if _rollout_done(v))}/{len(views)}",
+        **revision_status(views),
     }
     if gen is not None:
         status["observedGeneration"] = gen
