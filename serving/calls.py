@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from typing import Awaitable, Callable, TypeVar
 
+from . import faults
 from .errors import NotFound, Overloaded, ServingError
 from .metrics import UNKNOWN_MODEL
 from .registry import ModelRegistry, ServedModel
 
 T = TypeVar("T")
 OUTCOME_BY_STATUS = {400: "bad_request", 404: "not_found", 413: "too_large", 503: "unavailable", 504: "timeout"}
+FAULTS = faults.from_env()  # None unless KUBETRT_FAULT_ERROR_RATE is set (fault injection, off by default)
 
 
 def lookup(registry: ModelRegistry, name: str, version: str | None) -> ServedModel:
@@ -27,6 +29,8 @@ async def tracked(served: ServedModel, handle: Callable[[], Awaitable[T]]) -> T:
     m.inflight.inc()
     t0 = time.perf_counter()
     try:
+        if FAULTS is not None:
+            FAULTS.check()
         result = await handle()
     except ServingError as e:
         m.outcome["overloaded" if isinstance(e, Overloaded) else OUTCOME_BY_STATUS.get(e.status, "error")].inc()
