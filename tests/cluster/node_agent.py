@@ -9,11 +9,13 @@ containerd with CNI plugins configured for it; podman is not a CRI runtime). Thi
 the kubelet's part that the tests observe, from the pod object as the API server holds it:
 
 * each pod runs in its own network namespace (podman's slirp4netns), its containerPorts
-  published on a loopback address of its own, 127.0.1.N, which is the pod's status.podIP; the
-  API server is reachable from the pod at 10.0.2.2 (the host's loopback as slirp4netns shows it),
-  given as KUBERNETES_SERVICE_HOST/PORT; the EndpointSlice controller refuses loopback addresses ("may
-  not be in the loopback range"), so Services here have no endpoints: tests pick ready pods by the
-  Service's selector, which is what its endpoints would hold;
+  published on an address of its own, 10.244.0.N, which the agent adds to the host's loopback
+  interface and is the pod's status.podIP. Not a 127.x address: the API server's pod proxy
+  (`pods/NAME:PORT/proxy/...`, which the operator's canary analysis reads /metrics through)
+  refuses loopback pod IPs, as the EndpointSlice controller does. The API server is reachable
+  from the pod at 10.0.2.2 (the host's loopback as slirp4netns shows it), given as
+  KUBERNETES_SERVICE_HOST/PORT; no kube-proxy runs, so tests pick ready pods by the Service's
+  selector, which is what its endpoints hold;
 * volumes: emptyDir, hostPath, a PersistentVolumeClaim bound (by the controller manager) to a
   hostPath PersistentVolume, and the projected ServiceAccount volume (a token from the
   TokenRequest API bound to the pod, the kube-root-ca.crt ConfigMap and the namespace);
@@ -50,6 +52,7 @@ from podman_pods import _resources, _security, _user, logs, podman, process_args
 
 CLUSTER_LABEL = "io.kubetrt.cluster"  # on every container the agent starts; e2e-cluster.sh removes leftovers by it
 POD_VIEW_OF_HOST = "10.0.2.2"
+POD_NET = "10.244.0"  # pod IPs: 10.244.0.N, each added to the host's loopback interface
 CPU_NODE = "cpu-node-1"
 GPU_NODES = {"gpu-h100-1": "NVIDIA-H100-80GB-HBM3", "gpu-a100-1": "NVIDIA-A100-SXM4-80GB"}
 GPU_COMPUTE = {"NVIDIA-H100-80GB-HBM3": ("9", "0", "81559"), "NVIDIA-A100-SXM4-80GB": ("8", "0", "81920")}
@@ -167,6 +170,7 @@ class NodeAgent:
     placements: dict[str, Placement] = field(default_factory=dict)  # uid -> placement, every node
     errors: list[str] = field(default_factory=list)
     _next_ip: int = 1
+    _addresses: set[str] = field(default_factory=set)  # pod IPs added to the host's loopback interface
     _stop: threading.Event = field(default_factory=threading.Event)
     _thread: threading.Thread | None = None
     _busy: set[str] = field(default_factory=set)
@@ -187,6 +191,9 @@ class NodeAgent:
             podman("rm", "-f", "-t", "0", pod.container, check=False)
             shutil.rmtree(pod.pod_dir, ignore_errors=True)
         self.pods.clear()
+        for ip in sorted(self._addresses):
+            subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
+        self._addresses.clear()
 
     def _loop(self) -> None:
         core = kubernetes.client.CoreV1Api(self.api)
@@ -358,8 +365,13 @@ class NodeAgent:
             shutil.rmtree(pod.pod_dir, ignore_errors=True)
 
     def _pod_ip(self) -> str:
-        ip = f"127.0.1.{self._next_ip}"
+        ip = f"{POD_NET}.{self._next_ip}"
         self._next_ip = self._next_ip % 250 + 1
+        if ip not in self._addresses:
+            proc = subprocess.run(["ip", "addr", "add", f"{ip}/32", "dev", "lo"], capture_output=True, text=True)
+            if proc.returncode != 0 and "exists" not in proc.stderr:
+                raise RuntimeError(f"ip addr add {ip}/32 dev lo: {proc.stderr.strip()}")
+            self._addresses.add(ip)
         return ip
 
     def _run(self, pod: Mapping[str, Any]) -> None:

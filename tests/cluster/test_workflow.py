@@ -233,7 +233,7 @@ def test_tritonclient_at_the_pod_address(applied: Flow, model: Any) -> None:
 @dataclass
 class Client:
     """Queries the model throughout, at a ready pod of the Service's selector each time (what a
-    Service's endpoints hold; the pods' loopback addresses keep EndpointSlices empty here, see
+    Service's endpoints hold; no kube-proxy runs here, see
     node_agent.py), counting failures: a request that fails, or finds no ready pod."""
 
     flow: Flow
