@@ -38,6 +38,11 @@ INT8_NEEDS_CALIBRATION = ("int8 targets need spec.optimization.calibration.uri: 
                           "package was quantized with (`kubetrt lower --calibration DATA`), as its manifest "
                           "records it, e.g. s3://, gs://, file:// or pvc://<claim>/<path>")
 PERCENTILE_NEEDS_METHOD = "spec.optimization.calibration.percentile is only used with method percentile"
+AUTOSCALING_METRICS = ("cpu", "concurrency", "queue")
+METRIC_INFLIGHT = "kubetrt_inflight_requests"  # serving/metrics.py's gauges, as the HPA's Pods metrics
+METRIC_QUEUE = "kubetrt_queue_depth"
+CANARY_ANALYSIS_NEEDS_CANARY = ("spec.rollout.canaryAnalysis needs spec.rollout.canaryTrafficPercent below 100 "
+                                "(the canary it judges)")
 HOLDOUT_FRACTION_RANGE = "spec.optimization.calibration.holdoutFraction must be greater than 0 and less than 1"
 PERCENTILE_RANGE = "spec.optimization.calibration.percentile must be greater than 0 and at most 100"
 # A real API server words a failed oneOf as "must validate one and only one schema (oneOf)", which
@@ -49,7 +54,7 @@ BATCH_PROFILE_ORDER = "batchProfile must satisfy min <= opt <= max"
 FALLBACK_NEEDS_PRIMARY = ("at least one target must not be a fallback: fallback targets serve only while no "
                           "primary target can")
 BUILD_PHASES = ["Pending", "Running", "Succeeded", "Failed"]
-CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady"]
+CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady", "RolledBack"]
 
 # Where a model package or an engine store may live (what the engine store reads and writes);
 # pvc://<claim>/<path> is mounted into pods.
@@ -304,9 +309,21 @@ def model_deployment_spec_schema() -> dict[str, Any]:
             "preferredBatchSizes": {"type": "array", "description": "Batch sizes the batcher prefers to form.",
                                     "items": {"type": "integer", "format": "int32", "minimum": 1}, "maxItems": 16},
         }, default={}),
-        "autoscaling": _obj("HorizontalPodAutoscaler per target on CPU utilization.", {
+        "autoscaling": _obj("HorizontalPodAutoscaler (autoscaling/v2) per target, on CPU utilization or on load.", {
             "enabled": {"type": "boolean", "default": False, "description": "Create an HPA per target."},
-            "minReplicas": _int("Lower bound of replicas per target.", minimum=1, default=1),
+            "metric": _str(
+                "What the HPA scales on. cpu: the pods' CPU utilization (targetCPUUtilizationPercentage; needs "
+                "metrics-server). concurrency: in-flight requests per pod (the serving pods' "
+                f"{METRIC_INFLIGHT} gauge); queue: requests waiting in the batcher per pod ({METRIC_QUEUE}); "
+                "both as a Pods metric averaged to targetAverageValue, which the HPA reads from the custom "
+                "metrics API (custom.metrics.k8s.io): install the Prometheus adapter with a rule exposing the "
+                "gauge under the same name. KEDA ScaledObjects are not made.",
+                enum=list(AUTOSCALING_METRICS), default="cpu"),
+            "targetAverageValue": _int("Per-pod average of the concurrency or queue metric the HPA keeps "
+                                       "(in-flight or queued requests); not used for cpu.", minimum=1, default=4),
+            "minReplicas": _int("Lower bound of replicas per target. 0 (scale to zero) is not supported: "
+                                "an HPA cannot scale to zero, and the operator makes no KEDA ScaledObject.",
+                                minimum=1, default=1),
             "maxReplicas": _int("Upper bound of replicas per target.", minimum=1, default=4),
             "targetCPUUtilizationPercentage": _int("Target average CPU utilization.", minimum=1, maximum=100,
                                                    default=80),
@@ -328,7 +345,29 @@ def model_deployment_spec_schema() -> dict[str, Any]:
                     "the stable Deployment's count N and the canary gets ceil(N * pct / (100 - pct)). Setting "
                     "100 (or removing the field) promotes the canary: the stable Deployment rolls to its "
                     "revision, then the canary Deployment is removed.", minimum=1, maximum=100),
-            }, default={}),
+                "canaryAnalysis": _obj(
+                    "Automatic promotion and rollback of a canary (needs canaryTrafficPercent below 100). Once "
+                    "every canary pod is ready, the operator reads the canary pods' /metrics (request counts by "
+                    "outcome, the request latency histogram) through the API server's pod proxy. The canary "
+                    "fails, and is rolled back, when its error rate (server errors: error, unavailable, "
+                    "overloaded, timeout; over every request but bad requests and unknown models) or its p99 "
+                    "(the upper bound of the histogram bucket holding it) exceeds its bound after minRequests "
+                    "requests, when a canary pod is stuck (crash loop, image pull, unschedulable), or when the "
+                    "new revision's engine fails its golden check. Rolled back: the stable revision gets every "
+                    "replica again, the canary Deployment is removed, the RolledBack condition and a Warning "
+                    "Event name the measured cause, and the revision stays rolled back until spec.model changes. "
+                    "A canary within bounds for windowSeconds with at least minRequests requests is promoted.", {
+                        "windowSeconds": _int("How long the canary must hold, from all its pods ready.",
+                                              minimum=1, maximum=86400, default=60),
+                        "minRequests": _int("Requests the canary must have served before it is judged.",
+                                            minimum=1, default=10),
+                        "maxErrorRate": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.01,
+                                         "description": "Largest share of server errors (0..1)."},
+                        "maxP99Milliseconds": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
+                                               "description": "Largest p99 request latency in the server, ms."},
+                    }),
+            }, default={}, **_cel("!has(self.canaryAnalysis) || (has(self.canaryTrafficPercent) && "
+                                  "self.canaryTrafficPercent < 100)", CANARY_ANALYSIS_NEEDS_CANARY)),
     }, required=["model", "store", "targets"], **{"x-kubernetes-validations": [
         {"rule": _int8_needs_calibration_rule(), "message": INT8_NEEDS_CALIBRATION},
         {"rule": "self.targets.exists(t, !has(t.fallback) || !t.fallback)", "message": FALLBACK_NEEDS_PRIMARY},
@@ -362,6 +401,18 @@ def model_deployment_status_schema() -> dict[str, Any]:
         "currentRevision": _str("The revision the stable Deployments serve, v<version>-<hash of the model's "
                                 "version, digest and package> (printer column; - before any serves)."),
         "canaryRevision": _str("The revision in its canary phase (printer column; - when none)."),
+        "canary": _obj("The canary analysis of canaryRevision.", {
+            "revision": _str("The revision analyzed."),
+            "readySince": _str("When every canary pod was first ready (the window's start).", format="date-time"),
+            "verdict": _str("Pass, Fail or Wait.", enum=["Pass", "Fail", "Wait"]),
+            "message": _str("What was measured."),
+        }),
+        "promotedRevision": _str("A revision whose canary passed its analysis: the stable Deployments roll to it."),
+        "rolledBack": _obj("The last revision rolled back; it stays rolled back until spec.model changes.", {
+            "revision": _str("The revision rolled back."),
+            "reason": _str("ErrorRate, Latency, GoldenCheckFailed, or the stuck canary pod's reason."),
+            "message": _str("The measured cause."),
+        }),
         "revisions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
                       "description": "Each revision that serves or still runs pods.",
                       "items": _obj("One revision.", {

@@ -72,8 +72,13 @@ def register(registry: kopf.OperatorRegistry) -> None:
     @kopf.on.resume(*MD, registry=registry)
     @kopf.on.create(*MD, registry=registry)
     @kopf.on.update(*MD, field="spec", registry=registry)
-    def model_deployment_changed(namespace: str | None, name: str, memo: kopf.Memo, **_: Any) -> None:
-        sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), name, post_event)
+    def model_deployment_changed(namespace: str | None, name: str, spec: kopf.Spec, memo: kopf.Memo,
+                                 **_: Any) -> None:
+        st = sync.sync_model_deployment(memo.kube, memo.config, _namespaced(namespace), name, post_event)
+        # A canary analysis decides on time passing, which no watch event reports: kopf retries
+        # this handler until the spec's revision is promoted or rolled back.
+        if st is not None and reconcile.rollout_unsettled(dict(spec), st):
+            raise kopf.TemporaryError("canary analysis in progress", delay=reconcile.ANALYSIS_PERIOD_SECONDS)
 
     # EngineBuild: ensure its Job; every change of it (status included) re-syncs its ModelDeployment.
     @kopf.on.event(*EB, registry=registry)

@@ -19,7 +19,7 @@ import yaml
 
 from kubetrt.operators.crds import REPO_ROOT, generator_cli
 from kubetrt.operators.names import (APP_NAME, ENV_BUILDER_IMAGE, ENV_BUILDER_IMAGE_GPU, ENV_CLUSTER_DOMAIN,
-                                     ENV_IMAGE_PULL_POLICY, ENV_JOB_TTL_SECONDS, ENV_POD_NAME, ENV_SERVING_IMAGE,
+                                     ENV_IMAGE_PULL_POLICY, ENV_JOB_TTL_SECONDS, ENV_POD_DISRUPTION_BUDGETS, ENV_POD_NAME, ENV_SERVING_IMAGE,
                                      ENV_SERVING_IMAGE_GPU, LABEL_APP_COMPONENT,
                                      LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_APP_VERSION, OPERATOR_NAME,
                                      OPERATOR_NAMESPACE)
@@ -52,6 +52,7 @@ def operator_deployment(
     builder_image_gpu: str,
     job_ttl_seconds: int,
     cluster_domain: str,
+    pod_disruption_budgets: Any,
     peering: str,
     log_format: str,
     resources: Mapping[str, Any],
@@ -87,6 +88,7 @@ def operator_deployment(
             {"name": ENV_IMAGE_PULL_POLICY, "value": pull_policy},
             {"name": ENV_JOB_TTL_SECONDS, "value": str(job_ttl_seconds)},
             {"name": ENV_CLUSTER_DOMAIN, "value": cluster_domain},
+            {"name": ENV_POD_DISRUPTION_BUDGETS, "value": pod_disruption_budgets},
         ],
         "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "initialDelaySeconds": 10,
@@ -145,6 +147,7 @@ def settings_from_values(values: Mapping[str, Any], app_version: str) -> dict[st
         "builder_image_gpu": _image(images["builderGPU"], app_version),
         "job_ttl_seconds": operator["jobTTLSeconds"],
         "cluster_domain": operator["clusterDomain"],
+        "pod_disruption_budgets": str(bool(operator["podDisruptionBudgets"])).lower(),
         "peering": values["peering"]["name"],
         "log_format": operator["logFormat"],
         "resources": values.get("resources") or {},
@@ -242,6 +245,7 @@ def chart_template() -> str:
         builder_image_gpu=p.value('include "kubetrt.image" (list . .Values.image.builderGPU) | quote'),
         job_ttl_seconds=p.value(".Values.operator.jobTTLSeconds | quote"),
         cluster_domain=p.value(".Values.operator.clusterDomain | quote"),
+        pod_disruption_budgets=p.value(".Values.operator.podDisruptionBudgets | toString | quote"),
         peering=p.value(".Values.peering.name"),
         log_format=p.value(".Values.operator.logFormat"),
         resources=p.block("toYaml .Values.resources"),

@@ -69,6 +69,7 @@ ENV_IMAGE_PULL_POLICY = "KUBETRT_IMAGE_PULL_POLICY"
 ENV_JOB_TTL_SECONDS = "KUBETRT_JOB_TTL_SECONDS"
 ENV_CLUSTER_DOMAIN = "KUBETRT_CLUSTER_DOMAIN"
 ENV_POD_NAME = "POD_NAME"  # kopf peering priority of each operator replica
+ENV_POD_DISRUPTION_BUDGETS = "KUBETRT_POD_DISRUPTION_BUDGETS"  # "true"/"false": a PDB per serving target
 
 # ----------------------------------------------------------------------------- GPUs
 # The NVIDIA device plugin's resource; GPU nodes are commonly tainted with the same key.

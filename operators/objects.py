@@ -24,6 +24,7 @@ from kubetrt.operators.names import (
     ENV_CLUSTER_DOMAIN,
     ENV_IMAGE_PULL_POLICY,
     ENV_JOB_TTL_SECONDS,
+    ENV_POD_DISRUPTION_BUDGETS,
     ENV_SERVING_IMAGE,
     ENV_SERVING_IMAGE_GPU,
     GPU_PRODUCT_LABEL,
@@ -77,6 +78,7 @@ class OperatorConfig:
     pull_policy: str = "IfNotPresent"
     job_ttl_seconds: int = 86400
     cluster_domain: str = "cluster.local"
+    pod_disruption_budgets: bool = True
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorConfig":
@@ -94,6 +96,7 @@ class OperatorConfig:
             pull_policy=get(ENV_IMAGE_PULL_POLICY, d.pull_policy),
             job_ttl_seconds=int(get(ENV_JOB_TTL_SECONDS, str(d.job_ttl_seconds))),
             cluster_domain=get(ENV_CLUSTER_DOMAIN, d.cluster_domain),
+            pod_disruption_budgets=_flag(ENV_POD_DISRUPTION_BUDGETS, get(ENV_POD_DISRUPTION_BUDGETS, "true")),
         )
 
     def default_image(self, part: str, gpu: bool) -> str:
@@ -101,6 +104,13 @@ class OperatorConfig:
         images = {("serving", False): self.serving_image, ("builder", False): self.builder_image,
                   ("serving", True): self.serving_image_gpu, ("builder", True): self.builder_image_gpu}
         return images[(part, gpu)]
+
+
+def _flag(name: str, raw: str) -> bool:
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise ValueError(f"{name}={raw!r}: expected true or false")
+    return value == "true"
 
 
 def target_image(spec: Mapping[str, Any], target: Mapping[str, Any], part: str, config: OperatorConfig) -> str:
@@ -248,6 +258,9 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     auto = spec.get("autoscaling", {})
     if auto.get("enabled") and auto.get("minReplicas", 1) > auto.get("maxReplicas", 1):
         errors.append("autoscaling.minReplicas must not exceed maxReplicas")
+    rollout_spec = spec.get("rollout") or {}
+    if "canaryAnalysis" in rollout_spec and not rollout_spec.get("canaryTrafficPercent", 100) < 100:
+        errors.append(crds.CANARY_ANALYSIS_NEEDS_CANARY)
     calibration = spec.get("optimization", {}).get("calibration")
     if calibration is None:
         int8 = int8_targets(spec)
@@ -603,7 +616,9 @@ def service(md: Mapping[str, Any], serve_role: str = ROLE_PRIMARY, name: str | N
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": {"name": name or service_name(md_name), "namespace": md["metadata"]["namespace"],
-                     "labels": labels(md_name, "serving"), "ownerReferences": [owner_reference(md)]},
+                     # <name>-fallback carries its role: the ServiceMonitor scrapes the model's Service only.
+                     "labels": {**labels(md_name, "serving"), **({LABEL_ROLE: ROLE_FALLBACK} if name else {})},
+                     "ownerReferences": [owner_reference(md)]},
         "spec": {
             "type": "ClusterIP",
             "selector": {LABEL_MD: label_value(md_name), LABEL_APP_COMPONENT: "serving", LABEL_ROLE: serve_role},
@@ -615,7 +630,7 @@ def service(md: Mapping[str, Any], serve_role: str = ROLE_PRIMARY, name: str | N
 
 
 def autoscaler(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any]) -> Obj:
-    """autoscaling/v2 HPA on CPU utilization for one target's Deployment."""
+    """autoscaling/v2 HPA for one target's stable Deployment, on spec.autoscaling.metric."""
     md_name = md["metadata"]["name"]
     auto = spec["autoscaling"]
     dep = deployment_name(md_name, target["name"])
@@ -629,7 +644,63 @@ def autoscaler(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[s
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep},
             "minReplicas": auto["minReplicas"],
             "maxReplicas": max(auto["maxReplicas"], auto["minReplicas"]),
-            "metrics": [{"type": "Resource", "resource": {"name": "cpu", "target": {
-                "type": "Utilization", "averageUtilization": auto["targetCPUUtilizationPercentage"]}}}],
+            "metrics": [autoscaling_metric(auto)],
+        },
+    }
+
+
+def autoscaling_metric(auto: Mapping[str, Any]) -> Obj:
+    """The HPA metric of ``spec.autoscaling``: CPU utilization, or a Pods metric (in-flight or queued
+    requests per pod, served by the custom metrics API) averaged to targetAverageValue."""
+    metric = auto.get("metric", "cpu")
+    if metric == "cpu":
+        return {"type": "Resource", "resource": {"name": "cpu", "target": {
+            "type": "Utilization", "averageUtilization": auto["targetCPUUtilizationPercentage"]}}}
+    gauges = {"concurrency": crds.METRIC_INFLIGHT, "queue": crds.METRIC_QUEUE}
+    if metric not in gauges:
+        raise ValueError(f"spec.autoscaling.metric={metric!r}: expected one of {', '.join(crds.AUTOSCALING_METRICS)}")
+    return {"type": "Pods", "pods": {"metric": {"name": gauges[metric]},
+                                     "target": {"type": "AverageValue", "averageValue": str(auto["targetAverageValue"])}}}
+
+
+def pod_disruption_budget(md: Mapping[str, Any], target: Mapping[str, Any]) -> Obj:
+    """policy/v1 PodDisruptionBudget for one target's serving pods (both revisions'): maxUnavailable 1,
+    so a voluntary disruption (a node drain) takes one pod at a time and never blocks for good,
+    even for a single-replica target (which minAvailable 1 would)."""
+    md_name = md["metadata"]["name"]
+    return {
+        "apiVersion": "policy/v1",
+        "kind": "PodDisruptionBudget",
+        "metadata": {"name": deployment_name(md_name, target["name"]), "namespace": md["metadata"]["namespace"],
+                     "labels": labels(md_name, "serving", target["name"]),
+                     "ownerReferences": [owner_reference(md)]},
+        # Serving pods only: the build Job's pods carry the model and target labels too, and a budget
+        # over a Job's pods fails (a Job has no scale subresource).
+        "spec": {"maxUnavailable": 1,
+                 "selector": {"matchLabels": {LABEL_MD: label_value(md_name), LABEL_TARGET: target["name"],
+                                              LABEL_APP_COMPONENT: "serving"}}},
+    }
+
+
+SERVICE_MONITOR_API = ("monitoring.coreos.com/v1", "ServiceMonitor")
+
+
+def service_monitor(md: Mapping[str, Any]) -> Obj:
+    """The Prometheus Operator's ServiceMonitor for the model's Service: /metrics of the pods that take
+    its traffic, every revision's (a fallback target's pods while they serve it; the Service
+    <name>-fallback is left out, so no pod is scraped twice)."""
+    md_name = md["metadata"]["name"]
+    api_version, kind = SERVICE_MONITOR_API
+    selector = {k: v for k, v in labels(md_name, "serving").items()}
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": service_name(md_name), "namespace": md["metadata"]["namespace"],
+                     "labels": labels(md_name, "serving"), "ownerReferences": [owner_reference(md)]},
+        "spec": {
+            "selector": {"matchLabels": selector,
+                         "matchExpressions": [{"key": LABEL_ROLE, "operator": "DoesNotExist"}]},
+            "endpoints": [{"port": "http", "path": "/metrics"}],
+            "podTargetLabels": [LABEL_REVISION, LABEL_TARGET, LABEL_TRACK],
         },
     }

@@ -108,3 +108,9 @@ def unready_reason(pod: Mapping[str, Any], nodes: Sequence[Mapping[str, Any]] | 
     if running:
         return "not ready: its readiness probe (/v2/health/ready) fails: loading, or the package or engine is bad"
     return "starting"
+
+
+def is_ready(pod: Mapping[str, Any]) -> bool:
+    """Whether the pod's Ready condition is True (the Service sends it requests)."""
+    return any(c.get("type") == "Ready" and c.get("status") == "True"
+               for c in (pod.get("status") or {}).get("conditions") or [])

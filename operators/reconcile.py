@@ -6,12 +6,13 @@ no-op because every applied object carries the hash of its desired content.
 """
 from __future__ import annotations
 
+import datetime
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
-from kubetrt.operators import objects, pods as podinfo, rollout, status
+from kubetrt.operators import analysis, objects, pods as podinfo, rollout, status
 from kubetrt.operators.names import (ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, KIND_ENGINE_BUILD, LABEL_TARGET,
-                                     TRACK_CANARY, canary_name)
+                                     LABEL_TRACK, TRACK_CANARY, canary_name)
 from kubetrt.operators.objects import Obj, OperatorConfig
 from kubetrt.runtime.target import TargetError
 
@@ -24,8 +25,12 @@ class Observed:
     deployments: dict[str, Obj] = field(default_factory=dict)
     services: dict[str, Obj] = field(default_factory=dict)
     autoscalers: dict[str, Obj] = field(default_factory=dict)
+    disruption_budgets: dict[str, Obj] = field(default_factory=dict)
+    service_monitors: dict[str, Obj] | None = None  # None: the Prometheus Operator's CRD is not installed
     pods: list[Obj] = field(default_factory=list)  # serving pods
     nodes: list[Obj] | None = None  # read only while a serving pod is unschedulable
+    canary_metrics: list[str] | None = None  # the ready canary pods' /metrics, read only during an analysis
+    metrics_error: str | None = None  # why they could not be read
 
 
 @dataclass(frozen=True)
@@ -48,6 +53,9 @@ class Plan:
     delete: list[tuple[str, str, str]] = field(default_factory=list)
     status: dict[str, Any] = field(default_factory=dict)
     events: list[Event] = field(default_factory=list)
+    # The status carries a promotion or rollback decided by this plan: write it before acting on it,
+    # so a plan made again from a fresh read (a 409) decides nothing different.
+    decided: bool = False
 
 
 def _verified(eb: Mapping[str, Any] | None) -> bool:
@@ -81,10 +89,18 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
         return plan
 
     pct = rollout.canary_percent(spec)
+    old_status = md.get("status") or {}
+    want_rev = rollout.spec_revision(spec)
+    analysis_spec = (spec.get("rollout") or {}).get("canaryAnalysis") if pct is not None else None
+    rolled_back = dict(old_status.get("rolledBack") or {})
+    held_back = analysis_spec is not None and rolled_back.get("revision") == want_rev
+    if old_status.get("promotedRevision") == want_rev:
+        pct = None  # its canary passed: the stable Deployments take it
     views: list[status.TargetView] = []
     keep_builds: set[str] = set()
     keep_deployments: set[str] = set()
     keep_autoscalers: set[str] = set()
+    keep_budgets: set[str] = set()
     for raw_target in spec["targets"]:
         target = objects.resolve_target(spec, raw_target)
         eb = objects.engine_build(md, spec, target, config)
@@ -103,7 +119,7 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
             in_use_name = ((dep_observed.get("metadata") or {}).get("annotations") or {}).get(ANN_ENGINE_BUILD)
             if in_use_name and _verified(observed.engine_builds.get(in_use_name)):
                 in_use = observed.engine_builds[in_use_name]
-        serving, canary = _serving_builds(current, in_use, pct)
+        serving, canary = _serving_builds(current, in_use, pct, held_back)
         total = int(target.get("replicas", 1))
         if spec["autoscaling"]["enabled"]:
             total = max(spec["autoscaling"]["minReplicas"], 1)
@@ -136,6 +152,11 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
                     plan.apply.append(hpa)
         elif dep_observed is not None:
             keep_deployments.add(dep_name)  # nothing verified to serve yet: leave what runs alone
+        if config.pod_disruption_budgets:
+            pdb = objects.with_spec_hash(objects.pod_disruption_budget(md, target))
+            keep_budgets.add(pdb["metadata"]["name"])
+            if needs_apply(pdb, observed.disruption_budgets.get(pdb["metadata"]["name"])):
+                plan.apply.append(pdb)
         can_current = False
         if canary is not None:
             can = objects.with_spec_hash(objects.serving_deployment(md, spec, target, canary, config,
@@ -162,6 +183,12 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
         if needs_apply(svc, observed.services.get(svc["metadata"]["name"])):
             plan.apply.append(svc)
     keep_services = {s["metadata"]["name"] for s in services}
+    if observed.service_monitors is not None:
+        monitor = objects.with_spec_hash(objects.service_monitor(md))
+        if needs_apply(monitor, observed.service_monitors.get(monitor["metadata"]["name"])):
+            plan.apply.append(monitor)
+        plan.delete += [(*objects.SERVICE_MONITOR_API, n) for n in sorted(observed.service_monitors)
+                        if n != monitor["metadata"]["name"]]
 
     plan.delete += [(API_VERSION, KIND_ENGINE_BUILD, n) for n in sorted(observed.engine_builds)
                     if n not in keep_builds]
@@ -169,24 +196,129 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
     plan.delete += [("autoscaling/v2", "HorizontalPodAutoscaler", n) for n in sorted(observed.autoscalers)
                     if n not in keep_autoscalers]
     plan.delete += [("v1", "Service", n) for n in sorted(observed.services) if n not in keep_services]
+    plan.delete += [("policy/v1", "PodDisruptionBudget", n) for n in sorted(observed.disruption_budgets)
+                    if n not in keep_budgets]
     plan.status = status.model_deployment_status(md, spec, views, [], config, now)
-    plan.events = model_deployment_events(md.get("status") or {}, plan.status)
+    canary_state: dict[str, Any] | None = None
+    if analysis_spec is not None and not held_back:
+        canary_state, judged = judge_canary(analysis_spec, views, observed, old_status, want_rev, now)
+        if judged is not None and judged.state in (analysis.PASS, analysis.FAIL):
+            # Decided: plan again from the decision, so this very plan promotes or rolls back.
+            decided = dict(old_status)
+            if judged.state == analysis.PASS:
+                decided["promotedRevision"] = want_rev
+            else:
+                decided["rolledBack"] = {"revision": want_rev, "reason": judged.reason, "message": judged.message}
+            again = plan_model_deployment({**md, "status": decided}, observed, config, now)
+            again.status["canary"] = {"revision": want_rev, **(canary_state or {}), "verdict": judged.state,
+                                      "message": judged.message}
+            again.events = model_deployment_events(old_status, again.status)
+            again.decided = True
+            return again
+    _rollout_status(plan.status, canary_state, old_status, rolled_back if held_back else None, want_rev, now)
+    plan.events = model_deployment_events(old_status, plan.status)
     return plan
 
 
-def _serving_builds(current: Mapping[str, Any] | None, in_use: Mapping[str, Any] | None,
-                    pct: int | None) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
+ANALYSIS_PERIOD_SECONDS = 5.0  # how often an unsettled canary analysis is judged again
+
+
+def rollout_unsettled(spec: Mapping[str, Any], st: Mapping[str, Any]) -> bool:
+    """Whether a canary analysis still has to decide: the spec's revision is neither what the stable
+    Deployments serve nor rolled back (the handler then syncs again every ANALYSIS_PERIOD_SECONDS)."""
+    spec = objects.normalized_spec({"spec": spec})
+    if rollout.canary_percent(spec) is None or not (spec.get("rollout") or {}).get("canaryAnalysis"):
+        return False
+    want = rollout.spec_revision(spec)
+    return st.get("currentRevision") not in (want, None) and (st.get("rolledBack") or {}).get("revision") != want
+
+
+def _seconds(stamp: str) -> float:
+    return datetime.datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def judge_canary(spec: Mapping[str, Any], views: Sequence[status.TargetView], observed: Observed,
+                 old_status: Mapping[str, Any], want_rev: str, now: str
+                 ) -> tuple[dict[str, Any] | None, analysis.Verdict | None]:
+    """The canary analysis of revision ``want_rev``: (``status.canary``, verdict). A failed engine
+    build of the new revision (its golden check) or a stuck canary pod fails it at once; then its
+    metrics decide, from the moment every canary pod is ready."""
+    for v in views:
+        bst = (v.build or {}).get("status") or {}
+        if (bst.get("phase") == "Failed" and v.serving is not None
+                and rollout.revision_of(v.serving["spec"]["model"]) != want_rev):
+            reason = "GoldenCheckFailed" if bst.get("reason") == "VerificationFailed" else "EngineBuildFailed"
+            return None, analysis.Verdict(analysis.FAIL, reason, f"target {v.target['name']}: the engine of "
+                                          f"revision {want_rev} failed: {bst.get('reason')}: {bst.get('message', '')}")
+    canaries = [v for v in views if v.canary is not None]
+    if not canaries:
+        return None, None
+    for v in canaries:
+        for pod in v.pods:
+            meta = pod.get("metadata") or {}
+            if (meta.get("labels") or {}).get(LABEL_TRACK) != TRACK_CANARY or meta.get("deletionTimestamp"):
+                continue
+            stuck = podinfo.pod_problem(pod, v.nodes)
+            if stuck is not None:
+                return None, analysis.Verdict(analysis.FAIL, stuck.reason,
+                                              f"canary pod {meta.get('name')}: {stuck.message}")
+    state: dict[str, Any] = {"revision": want_rev, "verdict": analysis.WAIT}
+    if not all(v.canary_current and status.deployment_done(v.canary_deployment, v.canary_replicas) for v in canaries):
+        return {**state, "message": "canary analysis: waiting for every canary pod to be ready"}, None
+    old = old_status.get("canary") or {}
+    since = str(old["readySince"]) if old.get("revision") == want_rev and old.get("readySince") else now
+    state["readySince"] = since
+    if observed.canary_metrics is None:
+        return {**state, "message": f"canary analysis: metrics unavailable: {observed.metrics_error or 'not read'}"}, None
+    try:
+        measured = analysis.canary_metrics(observed.canary_metrics)
+    except analysis.MetricsError as e:
+        return {**state, "message": f"canary analysis: unreadable metrics: {e}"}, None
+    judged = analysis.verdict(spec, measured, _seconds(now) - _seconds(since))
+    return {**state, "verdict": judged.state, "message": judged.message}, judged
+
+
+def _rollout_status(st: dict[str, Any], canary_state: Mapping[str, Any] | None, old: Mapping[str, Any],
+                    rolled_back: Mapping[str, Any] | None, want_rev: str, now: str) -> None:
+    """The analysis' part of a status: ``canary`` (None clears it), the remembered decisions, and the
+    RolledBack condition while the spec's revision is rolled back."""
+    decided = old.get("canary") or {}
+    if canary_state:
+        st["canary"] = dict(canary_state)
+    elif decided.get("revision") == want_rev and decided.get("verdict") in (analysis.PASS, analysis.FAIL):
+        st["canary"] = dict(decided)  # the analysis that decided the spec's revision stays readable
+    else:
+        st["canary"] = None
+    for key in ("promotedRevision", "rolledBack"):
+        if old.get(key):
+            st[key] = old[key]
+    if canary_state and canary_state.get("message"):
+        for c in st["conditions"]:
+            if c["type"] == "Progressing" and c.get("reason") == "Canary":
+                c["message"] = canary_state["message"]
+        st["message"] = status.summary(st["conditions"])
+    if rolled_back:
+        prev: Mapping[str, Any] = next((c for c in old.get("conditions") or [] if c.get("type") == "RolledBack"), {})
+        st["conditions"].append({
+            "type": "RolledBack", "status": "True", "reason": rolled_back.get("reason", "RolledBack"),
+            "message": f"revision {rolled_back.get('revision')} rolled back: {rolled_back.get('message', '')}",
+            "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == "True" else now})
+
+
+def _serving_builds(current: Mapping[str, Any] | None, in_use: Mapping[str, Any] | None, pct: int | None,
+                    held_back: bool = False) -> tuple[Mapping[str, Any] | None, Mapping[str, Any] | None]:
     """(stable, canary) builds of one target: the current spec's build once it verified, else the
     one the stable Deployment serves. A verified build of a new revision goes to a canary beside
-    the stable revision while ``pct`` asks for a canary phase; otherwise it replaces the stable one
-    (a rolling update that keeps every old pod until a new one is ready)."""
+    the stable revision while ``pct`` asks for a canary phase (none while that revision is
+    ``held_back``: rolled back); otherwise it replaces the stable one (a rolling update that keeps
+    every old pod until a new one is ready)."""
     if not _verified(current):
         return in_use, None
     assert current is not None
     if in_use is None or pct is None or rollout.revision_of(in_use["spec"]["model"]) == rollout.revision_of(
             current["spec"]["model"]):
         return current, None
-    return in_use, current
+    return in_use, (None if held_back else current)
 
 
 def _ready_pods(view: status.TargetView) -> int:
@@ -216,6 +348,13 @@ def model_deployment_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
         events.append(Event("Warning", str(now.get("reason") or "Degraded"), str(now.get("message") or "")))
     elif now.get("status") == "False" and was.get("status") == "True":
         events.append(Event("Normal", "Recovered", "no target is failing any more"))
+    back_was, back_now = old.get("rolledBack") or {}, new.get("rolledBack") or {}
+    if back_now and back_now != back_was:
+        events.append(Event("Warning", "RolledBack", f"revision {back_now.get('revision')} rolled back: "
+                            f"{back_now.get('reason')}: {back_now.get('message')}"))
+    if new.get("promotedRevision") and new.get("promotedRevision") != old.get("promotedRevision"):
+        events.append(Event("Normal", "Promoted", f"revision {new['promotedRevision']} promoted: "
+                            f"{(new.get('canary') or {}).get('message', '')}"))
     ready_was, ready_now = _condition(old, "Ready"), _condition(new, "Ready")
     if ready_now.get("status") == "True" and ready_was.get("status") != "True":
         events.append(Event("Normal", "Ready", str(ready_now.get("message") or "")))

@@ -22,6 +22,13 @@ def revision_of(model: Mapping[str, Any]) -> str:
     return revision_id(str(model.get("version") or "1"), identity)
 
 
+def spec_revision(spec: Mapping[str, Any]) -> str:
+    """The revision of a ModelDeployment spec's ``model`` (as its EngineBuilds will carry it)."""
+    model = spec.get("model") or {}
+    return revision_of({"version": model.get("version"), "packageURI": (model.get("source") or {}).get("uri"),
+                        "digest": model.get("digest")})
+
+
 def canary_percent(spec: Mapping[str, Any]) -> int | None:
     """``spec.rollout.canaryTrafficPercent`` when it asks for a canary phase; None when a new
     revision takes all traffic once ready (unset, or 100: KServe's promotion)."""

@@ -90,6 +90,12 @@ def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
                 "message": _tail(summary or "engine built and verified")}
     if "Failed" in true_conditions:
         cond = true_conditions["Failed"]
+        result = parse_build_result(message)
+        if result is not None and result.get("verified") is False:
+            # The build ran and refused its engine (every retry did): the golden check failed.
+            summary = str((result.get("report") or {}).get("summary") or "the engine did not match the golden outputs")
+            return {**base, "phase": "Failed", "verified": False, "reason": "VerificationFailed",
+                    "completionTime": cond.get("lastTransitionTime", ""), "message": _tail(summary)}
         return {**base, "phase": "Failed", "verified": False, "reason": cond.get("reason") or "JobFailed",
                 "completionTime": cond.get("lastTransitionTime", ""),
                 "message": _tail(message or cond.get("message") or "the build Job failed")}

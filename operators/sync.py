@@ -8,6 +8,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from collections import defaultdict
 from typing import Any, Callable, Mapping, Sequence
 
@@ -17,8 +18,9 @@ import kubernetes
 from kubetrt.operators import pods as podinfo, reconcile, status
 from kubetrt.operators.kube import KubeClient
 from kubetrt.operators.names import (API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT, LABEL_APP_COMPONENT,
-                                     LABEL_APP_MANAGED_BY, LABEL_BUILD, LABEL_MD, MANAGED_BY, label_value)
-from kubetrt.operators.objects import OperatorConfig
+                                     LABEL_APP_MANAGED_BY, LABEL_BUILD, LABEL_MD, LABEL_TRACK, MANAGED_BY, SERVING_PORT,
+                                     TRACK_CANARY, label_value)
+from kubetrt.operators.objects import SERVICE_MONITOR_API, OperatorConfig
 
 log = logging.getLogger("kubetrt.operators.sync")
 MD = (API_VERSION, KIND_MODEL_DEPLOYMENT)
@@ -56,14 +58,62 @@ def observe(kube: KubeClient, namespace: str, md_name: str) -> reconcile.Observe
     def by_name(api: str, kind: str) -> dict[str, Any]:
         return {o["metadata"]["name"]: o for o in kube.list(api, kind, namespace, sel)}
     pods = kube.list("v1", "Pod", namespace, {**sel, LABEL_APP_COMPONENT: "serving"})
+    monitors = by_name(*SERVICE_MONITOR_API) if service_monitors_installed(kube) else None
     return reconcile.Observed(
         engine_builds=by_name(*EB),
         deployments=by_name("apps/v1", "Deployment"),
         services=by_name("v1", "Service"),
         autoscalers=by_name("autoscaling/v2", "HorizontalPodAutoscaler"),
+        disruption_budgets=by_name("policy/v1", "PodDisruptionBudget"),
+        service_monitors=monitors,
         pods=pods,
         nodes=nodes_if_unschedulable(kube, pods),
     )
+
+
+# Reads one serving pod's /metrics text; pluggable so that a cluster whose API server cannot reach
+# pod addresses (or tests) can read them another way.
+MetricsSource = Callable[[KubeClient, Mapping[str, Any]], str]
+
+
+def proxy_metrics(kube: KubeClient, pod: Mapping[str, Any]) -> str:
+    """A pod's /metrics through the API server's pod proxy: the operator needs no route to pods."""
+    meta = pod["metadata"]
+    return kube.pod_proxy_get(meta["namespace"], meta["name"], SERVING_PORT, "metrics")
+
+
+def read_canary_metrics(kube: KubeClient, md: Mapping[str, Any], pods: Sequence[Mapping[str, Any]],
+                        source: MetricsSource) -> tuple[list[str] | None, str | None]:
+    """The ready canary pods' metrics texts, read only while a canary analysis is configured;
+    (None, why) when one cannot be read."""
+    if not ((md.get("spec") or {}).get("rollout") or {}).get("canaryAnalysis"):
+        return None, None
+    canary = [p for p in pods if ((p.get("metadata") or {}).get("labels") or {}).get(LABEL_TRACK) == TRACK_CANARY
+              and not p["metadata"].get("deletionTimestamp") and podinfo.is_ready(p)]
+    if not canary:
+        return None, "no ready canary pod"
+    texts = []
+    for pod in canary:
+        try:
+            texts.append(source(kube, pod))
+        except Exception as exc:  # noqa: BLE001 - any failure to read is reported, the analysis waits
+            return None, f"pod {pod['metadata'].get('name')}: {type(exc).__name__}: {str(exc)[:200]}"
+    return texts, None
+
+
+DISCOVERY_TTL_SECONDS = 60.0  # how long the answer "is the ServiceMonitor CRD installed" is reused
+_discovered: dict[str, tuple[float, bool]] = {}
+
+
+def service_monitors_installed(kube: KubeClient) -> bool:
+    """Whether the Prometheus Operator's ServiceMonitor CRD is served (API discovery, cached a minute:
+    a CRD installed later is picked up without restarting the operator)."""
+    api_version, _ = SERVICE_MONITOR_API
+    seen = _discovered.get(api_version)
+    if seen is None or time.monotonic() - seen[0] > DISCOVERY_TTL_SECONDS:
+        seen = (time.monotonic(), kube.serves(api_version, "servicemonitors"))
+        _discovered[api_version] = seen
+    return seen[1]
 
 
 def nodes_if_unschedulable(kube: KubeClient, pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
@@ -86,6 +136,8 @@ def apply_plan(kube: KubeClient, namespace: str, plan: reconcile.Plan, observed:
     index = {("Deployment", k): v for k, v in observed.deployments.items()}
     index.update({("Service", k): v for k, v in observed.services.items()})
     index.update({("HorizontalPodAutoscaler", k): v for k, v in observed.autoscalers.items()})
+    index.update({("PodDisruptionBudget", k): v for k, v in observed.disruption_budgets.items()})
+    index.update({("ServiceMonitor", k): v for k, v in (observed.service_monitors or {}).items()})
     for obj in plan.create:
         _create(kube, obj)
     for obj in plan.apply:
@@ -132,7 +184,8 @@ def _status_written(kube: KubeClient, what: tuple[str, str], obj: Mapping[str, A
 
 
 def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: str, name: str,
-                          record: Recorder = log_event) -> dict[str, Any] | None:
+                          record: Recorder = log_event, metrics: MetricsSource = proxy_metrics
+                          ) -> dict[str, Any] | None:
     """Reconcile one ModelDeployment; returns the status written (None if it is gone). The plan's
     Events are recorded once its status is written."""
     with _lock("md", namespace, name):
@@ -141,7 +194,15 @@ def sync_model_deployment(kube: KubeClient, config: OperatorConfig, namespace: s
             if md is None:
                 return None
             observed = observe(kube, namespace, name)
+            observed.canary_metrics, observed.metrics_error = read_canary_metrics(kube, md, observed.pods, metrics)
             plan = reconcile.plan_model_deployment(md, observed, config, now_iso())
+            if plan.decided:
+                if not _status_written(kube, MD, md, plan.status):
+                    continue
+                apply_plan(kube, namespace, plan, observed)
+                for event in plan.events:
+                    record(md, event)
+                return plan.status
             apply_plan(kube, namespace, plan, observed)
             if not reconcile.status_changed(md.get("status"), plan.status):
                 return plan.status

@@ -1,10 +1,15 @@
 """Safe rollouts on a real control plane, with the chart's operator: a new model version as a canary
 revision beside the stable one (its own Deployment, behind the same Service, its share carried by
-replica counts), then promoted, under a client querying throughout that sees no failed request.
+replica counts), then promoted, under a client querying throughout that sees no failed request;
+a canary analysis (the canary pods' /metrics read through the API server's pod proxy) promoting a
+canary within bounds, rolling back one whose pods fail requests (serving's fault injection,
+KUBETRT_FAULT_ERROR_RATE, set on the canary Deployment), and rolling back a revision whose engine
+fails its golden check.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterator
@@ -121,3 +126,210 @@ def test_canary_revision_beside_the_stable_one_then_promoted_with_no_failed_requ
         f"{len(client.addresses)} pod addresses reached")
     assert len(reached) >= 2, f"the client never reached both revisions: {reached}"
     assert client.failures == [], client.failures[:10]
+
+
+# ----------------------------------------------------------------------------- canary analysis
+ANALYSIS = {"windowSeconds": 20, "minRequests": 20, "maxErrorRate": 0.05, "maxP99Milliseconds": 5000}
+
+
+def _events(flow: Flow, reason: str) -> list[dict[str, Any]]:
+    items = kubectl_json("get", "events", "-n", NS, "--field-selector",
+                         f"involvedObject.kind=ModelDeployment,involvedObject.name={flow.name}")["items"]
+    return [e for e in items if e.get("reason") == reason]
+
+
+def _settled(flow: Flow, rev: str) -> bool:
+    """``rev`` is the only revision: stable, ready, one pod, no canary Deployment."""
+    st = flow.get().get("status") or {}
+    return (st.get("currentRevision") == rev and st.get("canaryRevision") == "-" and bool(ready(flow))
+            and len(_deployments(flow)) == 1 and _ready_revisions(flow) == {rev: 1} and len(serving_pods(flow)) == 1)
+
+
+def test_canary_within_its_analysis_bounds_is_promoted(canary_flow: Flow, model: Any, agent: NodeAgent) -> None:
+    flow = canary_flow
+    v2 = (flow.get().get("status") or {})["currentRevision"]
+    with Client(flow, model) as client:
+        time.sleep(1)
+        say(f"version 2 -> 3 with canaryTrafficPercent 50 and canaryAnalysis {ANALYSIS}")
+        _patch(flow, {"model": {"version": "3"}, "rollout": {"canaryTrafficPercent": 50, "canaryAnalysis": ANALYSIS}})
+        wait_until("version 3's canary beside version 2", lambda: len(_ready_revisions(flow)) == 2, timeout=300,
+                   period=1, detail=lambda: _dump(flow, agent))
+        show(flow, "canary under analysis")
+        wait_until("the canary promoted by its analysis", lambda: (flow.get().get("status") or {}).get(
+            "promotedRevision", "").startswith("v3-"), timeout=240, period=1, detail=lambda: _dump(flow, agent))
+        v3 = flow.get()["status"]["promotedRevision"]
+        wait_until("version 3 the only revision", lambda: _settled(flow, v3), timeout=240, period=1,
+                   detail=lambda: _dump(flow, agent))
+        time.sleep(2)
+    st = show(flow, "promoted by the canary analysis")
+    assert st["canary"]["verdict"] == "Pass" and "canary held for 20s" in st["canary"]["message"], st["canary"]
+    assert v3 != v2 and [r["name"] for r in st["revisions"]] == [v3]
+    (event,) = [e for e in _events(flow, "Promoted") if v3 in e["message"]]
+    say(f"Event {event['type']} Promoted: {event['message']}")
+    say(f"analysis promotion: {client.ok} requests answered, {len(client.failures)} failed")
+    assert client.failures == [], client.failures[:10]
+
+
+def test_canary_failing_requests_is_rolled_back(canary_flow: Flow, model: Any, agent: NodeAgent) -> None:
+    flow = canary_flow
+    v3 = (flow.get().get("status") or {})["currentRevision"]
+    canary = names.canary_name(f"{NAME}-{flow.cpu_target}")
+    with Client(flow, model) as client:
+        time.sleep(1)
+        say("version 3 -> 4 (analysis window 600 s); its canary pods fail half their requests "
+            "(KUBETRT_FAULT_ERROR_RATE=0.5 set on the canary Deployment)")
+        _patch(flow, {"model": {"version": "4"}, "rollout": {"canaryAnalysis": {"windowSeconds": 600}}})
+        wait_until("the canary Deployment", lambda: canary in _deployments(flow), timeout=300, period=1,
+                   detail=lambda: _dump(flow, agent))
+        kubectl("set", "env", f"deployment/{canary}", "-n", NS, "KUBETRT_FAULT_ERROR_RATE=0.5")
+
+        def rolled_back() -> dict[str, Any] | None:
+            back = (flow.get().get("status") or {}).get("rolledBack") or {}
+            return back if back.get("revision", "").startswith("v4-") else None
+        back = wait_until("the canary rolled back", rolled_back, timeout=300, period=1,
+                          detail=lambda: _dump(flow, agent))
+        wait_until("version 3 the only revision again", lambda: _settled(flow, v3), timeout=120, period=1,
+                   detail=lambda: _dump(flow, agent))
+        failed_at_rollback = len(client.failures)
+        time.sleep(3)
+    st = show(flow, "rolled back on the canary's error rate")
+    say(f"rolledBack: {back}")
+    assert back["reason"] == "ErrorRate" and "over maxErrorRate 5.0%" in back["message"], back
+    cond = next(c for c in st["conditions"] if c["type"] == "RolledBack")
+    assert cond["status"] == "True" and cond["reason"] == "ErrorRate"
+    (event,) = [e for e in _events(flow, "RolledBack") if back["revision"] in e["message"]]
+    assert event["type"] == "Warning" and "error rate" in event["message"], event
+    say(f"Event Warning RolledBack: {event['message']}")
+    say(f"rollback: {client.ok} requests answered, {len(client.failures)} failed, all injected by the canary")
+    assert all("injected fault" in f for f in client.failures), client.failures[:10]
+    assert len(client.failures) == failed_at_rollback, "requests failed after the rollback"
+
+
+def _bad_golden_package(model: Any) -> tuple[str, str]:
+    """A copy of the model's package whose golden outputs are off (its manifest's file digest
+    updated, so it reads as a consistent package), and an empty engine store (the model's digest
+    leaves golden.npz out, so the old store would hand back the verified engine unbuilt): its
+    engine builds, then fails verification."""
+    import os
+
+    import numpy as np
+
+    from kubetrt.runtime import package as pkg
+
+    bad, store = model.root / "package-bad-golden", model.root / "store-bad-golden"
+    for path in (bad, store):
+        shutil.rmtree(path, ignore_errors=True)
+    shutil.copytree(model.package_dir, bad)
+    golden = bad / pkg.GOLDEN
+    with np.load(golden, allow_pickle=False) as z:
+        arrays = {k: (z[k] * 2 + 1 if ".output." in k else z[k]) for k in z.files}
+    with open(golden, "wb") as f:
+        np.savez(f, allow_pickle=False, **arrays)
+    manifest = pkg.read_manifest(bad)
+    manifest.files[pkg.GOLDEN] = pkg.sha256_file(golden)
+    pkg.write_manifest(bad, manifest)
+    store.mkdir()
+    for p in [bad, *bad.rglob("*")]:
+        p.chmod(p.stat().st_mode | (0o755 if p.is_dir() else 0o644))
+    os.chown(store, 65532, 65532)  # the build Job's user publishes there (a PVC with fsGroup would allow it)
+    return f"file://{bad}", f"file://{store}"
+
+
+def test_a_revision_failing_its_golden_check_is_rolled_back(canary_flow: Flow, model: Any, agent: NodeAgent) -> None:
+    flow = canary_flow
+    v3 = (flow.get().get("status") or {})["currentRevision"]
+    uri, store = _bad_golden_package(model)
+    with Client(flow, model) as client:
+        time.sleep(1)
+        say(f"version 3 -> 5 from {uri} (engine store {store}), whose golden outputs the engine cannot match")
+        _patch(flow, {"model": {"version": "5", "source": {"uri": uri}}, "store": {"uri": store}})
+
+        def rolled_back() -> dict[str, Any] | None:
+            back = (flow.get().get("status") or {}).get("rolledBack") or {}
+            return back if back.get("revision", "").startswith("v5-") else None
+        back = wait_until("version 5 rolled back on its golden check", rolled_back, timeout=300, period=1,
+                          detail=lambda: _dump(flow, agent))
+        time.sleep(3)
+    st = show(flow, "rolled back on a failed golden check")
+    say(f"rolledBack: {back}")
+    assert back["reason"] == "GoldenCheckFailed" and "VerificationFailed" in back["message"], back
+    assert _settled(flow, v3) and st["currentRevision"] == v3
+    assert [e for e in _events(flow, "RolledBack") if back["revision"] in e["message"]]
+    say(f"golden-check rollback: {client.ok} requests answered, {len(client.failures)} failed")
+    assert client.failures == [], client.failures[:10]
+
+
+# ----------------------------------------------------------------------------- autoscaling on load
+def test_the_hpa_scales_on_the_chosen_metric(canary_flow: Flow) -> None:
+    hpa_name = f"{NAME}-{canary_flow.cpu_target}"
+
+    def hpa_metric() -> list[dict[str, Any]] | None:
+        found = kubectl("get", "hpa", hpa_name, "-n", NS, "-o", "json", check=False)
+        return json.loads(found.stdout)["spec"]["metrics"] if found.returncode == 0 else None
+    try:
+        for metric, name in (("concurrency", "kubetrt_inflight_requests"), ("queue", "kubetrt_queue_depth")):
+            say(f"spec.autoscaling: enabled, metric {metric}, targetAverageValue 3")
+            _patch(canary_flow, {"autoscaling": {"enabled": True, "metric": metric, "targetAverageValue": 3,
+                                                 "minReplicas": 1, "maxReplicas": 2}})
+            want = [{"type": "Pods", "pods": {"metric": {"name": name},
+                                              "target": {"type": "AverageValue", "averageValue": "3"}}}]
+            got = wait_until(f"the HPA on {name}", lambda: hpa_metric() == want and hpa_metric(), timeout=60)
+            say(f"HPA {hpa_name}: {json.dumps(got)}")
+        hpa = kubectl_json("get", "hpa", hpa_name, "-n", NS)
+        assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": hpa_name}
+        _patch(canary_flow, {"autoscaling": {"metric": "cpu"}})
+        wait_until("the HPA back on CPU utilization", lambda: (hpa_metric() or [{}])[0].get("type") == "Resource",
+                   timeout=60)
+    finally:
+        _patch(canary_flow, {"autoscaling": {"enabled": False}})
+    wait_until("the HPA removed with autoscaling off", lambda: hpa_metric() is None, timeout=60)
+
+
+# ----------------------------------------------------------------------------- disruption budgets, monitoring
+SERVICE_MONITOR_CRD = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
+    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
+             "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor",
+                       "listKind": "ServiceMonitorList"},
+             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+                 "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
+}
+
+
+def test_each_target_has_a_disruption_budget(canary_flow: Flow) -> None:
+    pdb = kubectl_json("get", "poddisruptionbudget", f"{NAME}-{canary_flow.cpu_target}", "-n", NS)
+    say(f"PodDisruptionBudget {pdb['metadata']['name']}: maxUnavailable {pdb['spec']['maxUnavailable']}, "
+        f"status {pdb.get('status')}")
+    assert pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == {names.LABEL_MD: NAME, names.LABEL_TARGET: canary_flow.cpu_target,
+                                                      names.LABEL_APP_COMPONENT: "serving"}
+
+    def counted() -> dict[str, Any] | None:
+        st = kubectl_json("get", "poddisruptionbudget", pdb["metadata"]["name"], "-n", NS).get("status") or {}
+        return st if (st.get("expectedPods"), st.get("disruptionsAllowed")) == (1, 1) else None
+    st = wait_until("the disruption controller counts the serving pod, one eviction allowed", counted, timeout=60)
+    say(f"PodDisruptionBudget status: {json.dumps(st)}")
+
+
+def test_a_service_monitor_once_the_prometheus_operators_crd_is_installed(canary_flow: Flow) -> None:
+    assert kubectl("get", "servicemonitors", "-n", NS, check=False).returncode != 0, "no such CRD yet"
+    say("installing the ServiceMonitor CRD (monitoring.coreos.com/v1): the operator detects it by API discovery")
+    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(SERVICE_MONITOR_CRD))
+    try:
+        kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/servicemonitors.monitoring.coreos.com")
+
+        def monitor() -> dict[str, Any] | None:
+            # any sync of the ModelDeployment notices the CRD once the discovery cache expires (a minute)
+            (pod, *_) = serving_pods(canary_flow)
+            kubectl("annotate", "pod", pod["metadata"]["name"], "-n", NS, f"kubetrt.io/poke={time.time()}",
+                    "--overwrite")
+            found = kubectl("get", "servicemonitor", NAME, "-n", NS, "-o", "json", check=False)
+            return json.loads(found.stdout) if found.returncode == 0 else None
+        sm = wait_until("the ServiceMonitor of the ModelDeployment", monitor, timeout=150, period=5)
+        say(f"ServiceMonitor {NAME}: {json.dumps(sm['spec'])}")
+        assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics"}]
+        assert sm["spec"]["selector"]["matchLabels"][names.LABEL_MD] == NAME
+        assert sm["metadata"]["ownerReferences"][0]["name"] == NAME
+    finally:
+        kubectl("delete", "crd", "servicemonitors.monitoring.coreos.com", "--wait=false", check=False)

@@ -12,7 +12,7 @@ import yaml
 
 from helm_binary import helm, run  # noqa: F401  helm is a fixture
 
-from kubetrt.operators import crds, handlers, install, rbac
+from kubetrt.operators import crds, handlers, install, names, rbac
 from kubetrt.operators.objects import OperatorConfig
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,6 +190,11 @@ def test_every_env_var_of_the_operator_is_read_by_its_code() -> None:
     for name in env:
         if name == "POD_NAME":  # kopf peering: each replica's priority
             assert handlers.peering_priority({name: "a"}) != handlers.peering_priority({name: "b"})
+            continue
+        if name == names.ENV_POD_DISRUPTION_BUDGETS:  # a switch: any other value is refused, naming it
+            assert OperatorConfig.from_env({name: "false"}) != OperatorConfig()
+            with pytest.raises(ValueError, match=f"{name}='12345': expected true or false"):
+                OperatorConfig.from_env({name: "12345"})
             continue
         changed = OperatorConfig.from_env({name: "12345"})
         assert changed != OperatorConfig(), f"{name} is set by the Deployment but read by nothing"

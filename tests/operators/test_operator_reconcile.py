@@ -21,7 +21,7 @@ def apply(plan: reconcile.Plan, observed: Observed) -> Observed:
     """Apply a plan to an in-memory Observed, as the API server would store it."""
     out = copy.deepcopy(observed)
     table = {"EngineBuild": out.engine_builds, "Deployment": out.deployments, "Service": out.services,
-             "HorizontalPodAutoscaler": out.autoscalers}
+             "HorizontalPodAutoscaler": out.autoscalers, "PodDisruptionBudget": out.disruption_budgets}
     for obj in plan.create + plan.apply:
         table[obj["kind"]][obj["metadata"]["name"]] = copy.deepcopy(obj)
     for _, kind, name in plan.delete:
@@ -59,7 +59,7 @@ def converge(md: dict[str, Any], observed: Observed) -> tuple[reconcile.Plan, Ob
 def test_new_deployment_creates_one_engine_build_per_target_and_a_service() -> None:
     plan = reconcile.plan_model_deployment(md_body(), Observed(), CONFIG, NOW)
     assert [o["kind"] for o in plan.create] == ["EngineBuild"] * 3
-    assert [o["kind"] for o in plan.apply] == ["Service"]
+    assert [o["kind"] for o in plan.apply] == ["PodDisruptionBudget"] * 3 + ["Service"]
     assert not plan.delete
     h100, t4, cpu = plan.create
     assert h100["spec"]["target"] == {"name": "h100", "gpuProduct": "NVIDIA-H100-80GB-HBM3", "gpus": 1,
@@ -371,6 +371,10 @@ def test_engine_build_status_follows_its_job() -> None:
                                                        "reason": "BackoffLimitExceeded", "message": "3 failures"}]}}
     st = status.engine_build_status(eb, failed, [_pod("Traceback ...\nRuntimeError: CUDA out of memory")])
     assert (st["phase"], st["reason"]) == ("Failed", "BackoffLimitExceeded") and "out of memory" in st["message"]
+    # `kubetrt build` exits 1 when verification fails: the Job fails after its retries, and the
+    # result its pods wrote says why.
+    st = status.engine_build_status(eb, failed, [_pod(unverified)])
+    assert (st["phase"], st["reason"], st["message"]) == ("Failed", "VerificationFailed", "err 0.4 > 0.01")
 
 
 def test_terminal_build_status_is_final_and_needs_no_job() -> None:

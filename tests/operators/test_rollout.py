@@ -223,3 +223,27 @@ def test_autoscaled_stable_keeps_the_hpa_count_and_the_canary_gets_its_share() -
     assert not [o for o in plan.apply if o["metadata"]["name"] == "resnet-cpu"], "the HPA owns the stable count"
     (hpa,) = obs.autoscalers.values()
     assert hpa["spec"]["scaleTargetRef"]["name"] == "resnet-cpu"
+
+
+# ----------------------------------------------------------------------------- disruption budgets
+def test_each_target_gets_a_disruption_budget_over_both_revisions_pods() -> None:
+    md = _cpu_md(canaryTrafficPercent=30)
+    obs, _ = _serving(md)
+    (pdb,) = obs.disruption_budgets.values()
+    assert pdb["metadata"]["name"] == "resnet-cpu" and pdb["spec"]["maxUnavailable"] == 1
+    assert pdb["spec"]["selector"]["matchLabels"] == {names.LABEL_MD: "resnet", names.LABEL_TARGET: "cpu",
+                                                      names.LABEL_APP_COMPONENT: "serving"}, "not the build pods"
+    assert names.LABEL_TRACK not in pdb["spec"]["selector"]["matchLabels"], "canary pods are covered too"
+    assert pdb["metadata"]["ownerReferences"][0]["name"] == "resnet"
+
+
+def test_the_switch_off_removes_the_budgets() -> None:
+    import dataclasses
+    from kubetrt.operators import reconcile
+    from operator_testlib import CONFIG
+    md = _cpu_md()
+    obs, _ = _serving(md)
+    plan = reconcile.plan_model_deployment(md, obs, dataclasses.replace(CONFIG, pod_disruption_budgets=False),
+                                           "2026-01-01T00:00:00Z")
+    assert ("policy/v1", "PodDisruptionBudget", "resnet-cpu") in plan.delete
+    assert not [o for o in plan.apply if o["kind"] == "PodDisruptionBudget"]
