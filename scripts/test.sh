@@ -6,6 +6,6 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-.venv/bin/python -m pytest -q "$@"
+.venv/bin/python -m pytest -q -n auto --dist loadgroup "$@"  # one worker per core; a module that needs a fixed host port is one group
 bash scripts/e2e-containers.sh
 bash scripts/e2e-cluster.sh

@@ -39,6 +39,9 @@ from controllers import (SERVING_URL, finish_build_pod, mark_deployment_ready, r
 
 HOST_FP32 = TOLERANCES[("fp32", "host")]  # the host target's tolerance (atol = rtol), as verification uses
 BUILD_TIMEOUT = 180.0
+# The serving pods listen on the host's 8080 (kubelet.py shares the host network), so this module's
+# tests run on one worker when the suite runs in parallel (pytest -n with --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("host-port-8080")
 
 
 # ----------------------------------------------------------------------------- the model, once per module
