@@ -58,7 +58,14 @@ def observe(kube: KubeClient, namespace: str, md_name: str) -> reconcile.Observe
     def by_name(api: str, kind: str) -> dict[str, Any]:
         return {o["metadata"]["name"]: o for o in kube.list(api, kind, namespace, sel)}
     pods = kube.list("v1", "Pod", namespace, {**sel, LABEL_APP_COMPONENT: "serving"})
-    monitors = by_name(*SERVICE_MONITOR_API) if service_monitors_installed(kube) else None
+    monitors: dict[str, Any] | None = None
+    if service_monitors_installed(kube):
+        try:
+            monitors = by_name(*SERVICE_MONITOR_API)
+        except kubernetes.client.ApiException as exc:
+            if exc.status != 404:
+                raise
+            _discovered.clear()  # the CRD went away since discovery said otherwise
     return reconcile.Observed(
         engine_builds=by_name(*EB),
         deployments=by_name("apps/v1", "Deployment"),

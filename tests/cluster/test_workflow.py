@@ -326,10 +326,13 @@ def _converged(flow: Flow, admin: kubernetes.client.ApiClient) -> list[str]:
         names.ENV_SERVING_IMAGE: SERVING_IMAGE, names.ENV_BUILDER_IMAGE: BUILDER_IMAGE,
         names.ENV_IMAGE_PULL_POLICY: "Never"}), now_iso())
     observed = observe(kube, NS, flow.name)
-    live = {**observed.deployments, **observed.services, **observed.autoscalers, **observed.engine_builds}
-    pending = [f"create {o['kind']} {o['metadata']['name']}" for o in plan.create if o["metadata"]["name"] not in live]
+    live = {(o["kind"], name): o for objs in (observed.deployments, observed.services, observed.autoscalers,
+                                              observed.engine_builds, observed.disruption_budgets,
+                                              observed.service_monitors or {}) for name, o in objs.items()}
+    pending = [f"create {o['kind']} {o['metadata']['name']}" for o in plan.create
+               if (o["kind"], o["metadata"]["name"]) not in live]
     for o in plan.apply:
-        have = live.get(o["metadata"]["name"])
+        have = live.get((o["kind"], o["metadata"]["name"]))
         want_hash = o["metadata"].get("annotations", {}).get(names.ANN_SPEC_HASH)
         if have is None or (have["metadata"].get("annotations") or {}).get(names.ANN_SPEC_HASH) != want_hash:
             pending.append(f"apply {o['kind']} {o['metadata']['name']}")
