@@ -45,6 +45,7 @@ CANARY_ANALYSIS_NEEDS_CANARY = ("spec.rollout.canaryAnalysis needs spec.rollout.
                                 "(the canary it judges)")
 HOLDOUT_FRACTION_RANGE = "spec.optimization.calibration.holdoutFraction must be greater than 0 and less than 1"
 PERCENTILE_RANGE = "spec.optimization.calibration.percentile must be greater than 0 and at most 100"
+MAX_P99_POSITIVE = "spec.rollout.canaryAnalysis.maxP99Milliseconds must be greater than 0"
 # A real API server words a failed oneOf as "must validate one and only one schema (oneOf)", which
 # names neither field: these rules say what a target must hold, in the API server's own error.
 TARGET_KIND = (f"a target sets exactly one of gpuProduct (the GPU's {GPU_PRODUCT_LABEL} label, "
@@ -363,8 +364,9 @@ def model_deployment_spec_schema() -> dict[str, Any]:
                                             minimum=1, default=10),
                         "maxErrorRate": {"type": "number", "minimum": 0, "maximum": 1, "default": 0.01,
                                          "description": "Largest share of server errors (0..1)."},
-                        "maxP99Milliseconds": {"type": "number", "exclusiveMinimum": True, "minimum": 0,
-                                               "description": "Largest p99 request latency in the server, ms."},
+                        "maxP99Milliseconds": {"type": "number", "minimum": 0,
+                                               "description": "Largest p99 request latency in the server, ms.",
+                                               **_cel("self > 0.0", MAX_P99_POSITIVE)},
                     }),
             }, default={}, **_cel("!has(self.canaryAnalysis) || (has(self.canaryTrafficPercent) && "
                                   "self.canaryTrafficPercent < 100)", CANARY_ANALYSIS_NEEDS_CANARY)),

@@ -102,7 +102,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
      "spec.autoscaling.minReplicas in body should be greater than or equal to 1"),
     ("canary-p99-zero", _set("spec.rollout", {"canaryTrafficPercent": 10,
                                               "canaryAnalysis": {"maxP99Milliseconds": 0}}),
-     "spec.rollout.canaryAnalysis.maxP99Milliseconds in body should be greater than 0"),
+     crds.MAX_P99_POSITIVE),
 ]
 
 
