@@ -150,8 +150,10 @@ def run_demo(
     requests: int = 20,
     serve: bool = True,
     say: Callable[[str], None] = print,
+    kept: bool = True,
 ) -> DemoResult:
-    """Run the demo in `workdir`; `say` receives the human-readable report lines."""
+    """Run the demo in `workdir`; `say` receives the human-readable report lines. `kept=False`:
+    the caller removes `workdir` afterwards, so the report points at --workdir, not at its files."""
     from kubetrt.pipeline.servable import ServableSource, resolve_servable
     from kubetrt.runtime.package import load_golden
 
@@ -220,7 +222,7 @@ def run_demo(
     err = max(float(np.max(np.abs(np.asarray(outputs[k], np.float64) - np.asarray(v, np.float64)))) for k, v in want.items())
     result = DemoResult(served_by, _predictions(outputs), latencies, err, str(servable.engine.get("summary", "")),
                         [{"target": t, "key": k} for t, k in engines_by_target.items()], notes)
-    _report(result, workdir, say)
+    _report(result, workdir if kept else None, say)
     return result
 
 
@@ -230,7 +232,7 @@ def _yaml(obj: Any) -> str:
     return yaml.safe_dump(obj, sort_keys=False)
 
 
-def _report(r: DemoResult, workdir: Path, say: Callable[[str], None]) -> None:
+def _report(r: DemoResult, workdir: Path | None, say: Callable[[str], None]) -> None:
     lat = np.asarray(r.latencies_ms)
     engines = ", ".join(f"{e['target']} -> {e['key']}" for e in r.engines)
     say(f"engines:       {engines}")
@@ -240,6 +242,11 @@ def _report(r: DemoResult, workdir: Path, say: Callable[[str], None]) -> None:
         say(f"prediction[{i}]: class {p['class']} (p={p['score']:.4f}) from {p['output']}")
     say(f"vs TensorFlow: max abs error {r.max_abs_error:.3g}")
     say(f"latency:       p50 {np.percentile(lat, 50):.2f} ms, p95 {np.percentile(lat, 95):.2f} ms over {lat.size} requests")
-    say(f"deployment:    {workdir / 'modeldeployment.yaml'} (kind ModelDeployment, apply with kubectl on a cluster)")
+    if workdir is not None:
+        say(f"deployment:    {workdir / 'modeldeployment.yaml'} (the pipeline's ModelDeployment; its URIs are this "
+            "machine's, so on a cluster the pipeline is run with the cluster's store, README 'On a cluster')")
+    else:
+        say("deployment:    written to a temporary directory, removed now; `kubetrt demo --workdir DIR` keeps the "
+            "package, the engine store and the pipeline's modeldeployment.yaml in DIR")
     for n in r.notes:
         say(f"note:          {n}")

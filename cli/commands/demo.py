@@ -30,5 +30,5 @@ def run(args: argparse.Namespace) -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="kubetrt-demo-") as tmp:
         run_demo(tmp, savedmodel=args.savedmodel, store=args.store, use_kfp=not args.no_kfp,
-                 requests=args.requests, serve=not args.no_serve)
+                 requests=args.requests, serve=not args.no_serve, kept=False)
     return 0

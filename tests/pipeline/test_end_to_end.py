@@ -89,7 +89,7 @@ def test_cli_bad_inputs(args: list[str], message: str, tmp_path: Path, capsys) -
 
 
 def test_demo_serves_real_requests(tmp_path: Path) -> None:
-    from kubetrt.pipeline.demo import run_demo
+    from kubetrt.pipeline.demo import _report, run_demo
 
     lines: list[str] = []
     result = run_demo(tmp_path, use_kfp=False, requests=5, say=lines.append)
@@ -98,3 +98,9 @@ def test_demo_serves_real_requests(tmp_path: Path) -> None:
     assert result.verification.startswith("passed")
     assert any(line.startswith("prediction[0]: class") for line in lines)
     _validate(yaml.safe_load((tmp_path / "modeldeployment.yaml").read_text()))
+    assert any(line.startswith("deployment:") and str(tmp_path / "modeldeployment.yaml") in line for line in lines)
+    # run in a directory the CLI removes afterwards, the report names no file there but --workdir
+    removed: list[str] = []
+    _report(result, None, removed.append)
+    (line,) = [line for line in removed if line.startswith("deployment:")]
+    assert str(tmp_path) not in line and "--workdir DIR" in line
