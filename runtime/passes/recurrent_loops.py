@@ -178,10 +178,10 @@ def _rewrite(graph: Graph, node: Node, taken: set[str]) -> list[Node] | None:
     trips = _trip_count(graph, body, node, formal, returned, plan)
     if trips is None:
         return None
-    count, time_final = trips
-    if not _probe_matches(body, node, formal, returned, plan, graph, n):
+    start, count, time_final = trips
+    if not _probe_matches(body, node, formal, returned, plan, graph, n, start):
         return None
-    return _replacement(graph, node, plan, count, time_final, n, taken)
+    return _replacement(graph, node, plan, start, count, time_final, n, taken)
 
 
 def _recognize(graph: Graph, body: Graph, node: Node, formal: list[str], captured: dict[str, str],
@@ -220,8 +220,8 @@ def _recognize(graph: Graph, body: Graph, node: Node, formal: list[str], capture
     return _Plan(_Cell(w, r, bx, bh, reset_after), captured[gather.inputs[0]], time, h, passthrough)
 
 
-def _trip_count(graph: Graph, body: Graph, node: Node, formal: list[str], returned: list[str], plan: _Plan) -> tuple[int, np.ndarray] | None:
-    """How many steps the loop takes and the counter's final value, by running its control part;
+def _trip_count(graph: Graph, body: Graph, node: Node, formal: list[str], returned: list[str], plan: _Plan) -> tuple[int, int, np.ndarray] | None:
+    """The counter's first value, how many steps the loop takes and the counter's final value, by running its control part;
     None where that part reads more than the iteration, condition and counter, or the steps
     would read past the sequence."""
     m_name, cond_name = node.inputs[0], node.inputs[1]
@@ -248,16 +248,16 @@ def _trip_count(graph: Graph, body: Graph, node: Node, formal: list[str], return
         env = step(dict(zip(names, (np.array(i, np.int64), np.array(go), t))))
         go, t = bool(np.asarray(env[wanted[0]]).reshape(-1)[0]), np.asarray(env[wanted[1]])
         i += 1
-    return (i, t) if i else None
+    return (start, i, t) if i else None
 
 
-def _probe_matches(body: Graph, node: Node, formal: list[str], returned: list[str], plan: _Plan, graph: Graph, n: int) -> bool:
+def _probe_matches(body: Graph, node: Node, formal: list[str], returned: list[str], plan: _Plan, graph: Graph, n: int,
+                   start: int) -> bool:
     """Whether one step of the body is the ONNX cell, on random inputs and states: the new state
     and every scan output (the state of each step, as Keras collects it)."""
     rng = np.random.default_rng(0)
     cell, dtype = plan.cell, plan.cell.w.dtype
     seq_formal = next(f for f, outer in zip(formal[2 + n:], node.inputs[2 + n:]) if outer == plan.sequence)
-    start = int(graph.constants[node.inputs[2 + plan.time]].reshape(-1)[0])
     x = rng.standard_normal((PROBE_ROWS, cell.w.shape[0])).astype(dtype)
     h = (0.5 * rng.standard_normal((PROBE_ROWS, cell.hidden))).astype(dtype)
     seq = np.zeros((start + 1, PROBE_ROWS, x.shape[1]), dtype)
@@ -274,7 +274,8 @@ def _probe_matches(body: Graph, node: Node, formal: list[str], returned: list[st
     return all(o.shape == ref.shape and np.allclose(o, ref, rtol=PROBE_RTOL, atol=PROBE_ATOL) for o in outs)
 
 
-def _replacement(graph: Graph, node: Node, plan: _Plan, count: int, time_final: np.ndarray, n: int, taken: set[str]) -> list[Node]:
+def _replacement(graph: Graph, node: Node, plan: _Plan, start: int, count: int, time_final: np.ndarray, n: int,
+                 taken: set[str]) -> list[Node]:
     """The GRU node over the rows the loop read, and the Loop's outputs from its results."""
     def name(base: str) -> str:
         return unique_name(f"{node.name}/{base}", taken)
@@ -284,7 +285,6 @@ def _replacement(graph: Graph, node: Node, plan: _Plan, count: int, time_final: 
         return c
 
     cell, nodes = plan.cell, []
-    start = int(graph.constants[node.inputs[2 + plan.time]].reshape(-1)[0])
     xs = plan.sequence
     if start != 0 or count != graph.values[plan.sequence].shape[0]:  # type: ignore[index]
         xs = name("steps")
