@@ -24,9 +24,9 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 logger = logging.getLogger("kubetrt.serving")
-# Bodies from this size on are decoded on a codec thread, where the parts of the decode that let go
+# JSON from this size on is decoded on a codec thread, where the parts of the decode that let go
 # of the GIL (NumPy's copies and casts) run beside the loop; simdjson's parse keeps the GIL for its
-# length. Smaller bodies cost less than the hand-off.
+# length. Less JSON costs less than the hand-off, and so do binary tensors (views of the body), however large.
 OFFLOAD_BYTES = 128 << 10
 _codec_pool = concurrent.futures.ThreadPoolExecutor(max_workers=2, thread_name_prefix="kubetrt-codec")
 _JSON = [(b"content-type", b"application/json")]
@@ -113,7 +113,7 @@ class InferRoute:
                                    self.config.max_body_bytes)
             header_length = _header_length(raw_header_length)
             decode = functools.partial(oip.decode_infer_request, body, header_length, served.inputs, served.outputs)
-            if len(body) >= OFFLOAD_BYTES:
+            if (len(body) if header_length is None else header_length) >= OFFLOAD_BYTES:
                 req = await asyncio.get_running_loop().run_in_executor(_codec_pool, decode)
             else:
                 req = decode()

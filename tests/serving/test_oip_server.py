@@ -1,6 +1,8 @@
 """Open Inference Protocol over a live server, spoken by tritonclient (a client we did not write)."""
 from __future__ import annotations
 
+import threading
+
 import httpx
 import numpy as np
 import pytest
@@ -96,3 +98,27 @@ def test_unknown_version_is_404(client):
     assert r.status_code == 404 and "no version '7'" in r.json()["error"]
     r = client.post("/v2/models/small_cnn/versions/7/infer", json={"inputs": []})
     assert r.status_code == 404
+
+
+def test_large_json_is_decoded_off_the_loop_and_binary_on_it(tc, cnn_model, monkeypatch):
+    """A large JSON body is parsed on a codec thread, so the event loop goes on serving; a binary
+    tensor of the same size is a view of the body, cheaper than the hand-off, so it stays."""
+    from kubetrt.serving import infer_route, oip
+
+    threads: list[str] = []
+    decode = oip.decode_infer_request
+
+    def spy(*args, **kwargs):
+        threads.append(threading.current_thread().name)
+        return decode(*args, **kwargs)
+
+    monkeypatch.setattr(oip, "decode_infer_request", spy)
+    x = cnn_input(12, seed=4)
+    assert x.nbytes > infer_route.OFFLOAD_BYTES
+    for binary in (False, True):
+        inp = triton.InferInput("image", list(x.shape), "FP32")
+        inp.set_data_from_numpy(x, binary_data=binary)
+        got = tc.infer("small_cnn", [inp]).as_numpy("output_0")
+        np.testing.assert_allclose(got, cnn_model.predict({"image": x})["output_0"], rtol=1e-6, atol=1e-7)
+    assert threads[0].startswith("kubetrt-codec"), threads
+    assert not threads[1].startswith("kubetrt-codec"), threads
