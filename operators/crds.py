@@ -60,6 +60,10 @@ CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady", "RolledBa
 # Where a model package or an engine store may live (what the engine store reads and writes);
 # pvc://<claim>/<path> is mounted into pods.
 STORE_URI_PATTERN = r"^(s3|file|pvc)://.+"
+# Gateway API references: a Gateway's name and listener (DNS-1123 subdomains), its namespace, host names.
+DNS_SUBDOMAIN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+DNS_LABEL_RFC1123 = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+GATEWAY_HOSTNAME = r"^(\*\.)?[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 # Calibration data as `kubetrt lower --calibration` recorded it: compared, never read, so also gs://.
 CALIBRATION_URI_PATTERN = r"^(s3|gs|file|pvc)://.+"
 QUANTITY_PATTERN = (
@@ -316,14 +320,17 @@ def model_deployment_spec_schema() -> dict[str, Any]:
                 "What the HPA scales on. cpu: the pods' CPU utilization (targetCPUUtilizationPercentage; needs "
                 "metrics-server). concurrency: in-flight requests per pod (the serving pods' "
                 f"{METRIC_INFLIGHT} gauge); queue: requests waiting in the batcher per pod ({METRIC_QUEUE}); "
-                "both as a Pods metric averaged to targetAverageValue, which the HPA reads from the custom "
-                "metrics API (custom.metrics.k8s.io): install the Prometheus adapter with a rule exposing the "
-                "gauge under the same name. KEDA ScaledObjects are not made.",
+                "both per pod, kept at targetAverageValue. Where KEDA's ScaledObject CRD is served and the "
+                "operator has a Prometheus address (KUBETRT_PROMETHEUS_URL), a KEDA ScaledObject per target "
+                "queries the gauge summed over the target's stable pods; otherwise an HPA reads it as a Pods "
+                "metric from the custom metrics API (custom.metrics.k8s.io): install the Prometheus adapter "
+                "with a rule exposing the gauge under the same name. status.autoscaling says which and why.",
                 enum=list(AUTOSCALING_METRICS), default="cpu"),
             "targetAverageValue": _int("Per-pod average of the concurrency or queue metric the HPA keeps "
                                        "(in-flight or queued requests); not used for cpu.", minimum=1, default=4),
-            "minReplicas": _int("Lower bound of replicas per target. 0 (scale to zero) is not supported: "
-                                "an HPA cannot scale to zero, and the operator makes no KEDA ScaledObject.",
+            "minReplicas": _int("Lower bound of replicas per target. 0 (scale to zero) is not supported, with "
+                                "or without KEDA: an HPA cannot scale to zero, and the load metrics come from the "
+                                "serving pods themselves, so a target at zero pods has no signal to scale up on.",
                                 minimum=1, default=1),
             "maxReplicas": _int("Upper bound of replicas per target.", minimum=1, default=4),
             "targetCPUUtilizationPercentage": _int("Target average CPU utilization.", minimum=1, maximum=100,
@@ -345,7 +352,26 @@ def model_deployment_spec_schema() -> dict[str, Any]:
                     "revision gives up its replicas once the canary's are ready. Under autoscaling the HPA keeps "
                     "the stable Deployment's count N and the canary gets ceil(N * pct / (100 - pct)). Setting "
                     "100 (or removing the field) promotes the canary: the stable Deployment rolls to its "
-                    "revision, then the canary Deployment is removed.", minimum=1, maximum=100),
+                    "revision, then the canary Deployment is removed. Where the Gateway API's HTTPRoute CRD is "
+                    "served, the HTTPRoute <md> also carries the share exactly, by weights (see gateway).",
+                    minimum=1, maximum=100),
+                "gateway": _obj(
+                    "The Gateway the HTTPRoute <md> attaches to (its parentRef), where the Gateway API's HTTPRoute "
+                    "CRD is served: the route sends HTTP to the Services <md>-stable and <md>-canary with weights "
+                    "100 - canaryTrafficPercent and canaryTrafficPercent (the canary's once all its pods are "
+                    "ready), so requests through the Gateway split exactly. Unset, the route is attached to no "
+                    "Gateway and carries nothing; the model's Service splits by replica counts either way.", {
+                        "name": _str("The Gateway's name.", minLength=1, maxLength=253, pattern=DNS_SUBDOMAIN),
+                        "namespace": _str("The Gateway's namespace (default: the ModelDeployment's; another "
+                                          "namespace's Gateway must allow routes from this one).",
+                                          minLength=1, maxLength=63, pattern=DNS_LABEL_RFC1123),
+                        "sectionName": _str("The Gateway listener to attach to (default: every listener that "
+                                            "allows the route).", minLength=1, maxLength=253, pattern=DNS_SUBDOMAIN),
+                        "hostnames": {"type": "array", "maxItems": 16, "description":
+                                      "Host names the route matches (default: every host of the listener).",
+                                      "items": {"type": "string", "minLength": 1, "maxLength": 253,
+                                                "pattern": GATEWAY_HOSTNAME}},
+                    }, required=["name"]),
                 "canaryAnalysis": _obj(
                     "Automatic promotion and rollback of a canary (needs canaryTrafficPercent below 100). Once "
                     "every canary pod is ready, the operator reads the canary pods' /metrics (request counts by "
@@ -414,6 +440,19 @@ def model_deployment_status_schema() -> dict[str, Any]:
             "revision": _str("The revision rolled back."),
             "reason": _str("ErrorRate, Latency, GoldenCheckFailed, or the stuck canary pod's reason."),
             "message": _str("The measured cause."),
+        }),
+        "traffic": _obj("What carries a canary's share: ReplicaCounts (the Service spreads requests over "
+                        "both revisions' ready pods) or HTTPRoute (attached to spec.rollout.gateway: exact "
+                        "weights for requests through the Gateway).", {
+            "mechanism": _str("HTTPRoute or ReplicaCounts.", enum=["HTTPRoute", "ReplicaCounts"]),
+            "httpRoute": _str("The HTTPRoute's name, where the CRD is served."),
+            "stableWeight": _int("The stable backend's weight.", minimum=0, maximum=100),
+            "canaryWeight": _int("The canary backend's weight.", minimum=0, maximum=100),
+            "message": _str("Which object splits which traffic, and why."),
+        }),
+        "autoscaling": _obj("What scales the targets while spec.autoscaling is enabled, and why.", {
+            "mechanism": _str("KEDA (a ScaledObject per target) or HPA.", enum=["KEDA", "HPA"]),
+            "message": _str("Why this mechanism, and on which metric."),
         }),
         "revisions": {"type": "array", "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
                       "description": "Each revision that serves or still runs pods.",

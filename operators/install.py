@@ -17,9 +17,11 @@ from typing import Any, Mapping, Sequence
 
 import yaml
 
+from kubetrt.operators import dashboard
 from kubetrt.operators.crds import REPO_ROOT, generator_cli
 from kubetrt.operators.names import (APP_NAME, ENV_BUILDER_IMAGE, ENV_BUILDER_IMAGE_GPU, ENV_CLUSTER_DOMAIN,
-                                     ENV_IMAGE_PULL_POLICY, ENV_JOB_TTL_SECONDS, ENV_POD_DISRUPTION_BUDGETS, ENV_POD_NAME, ENV_SERVING_IMAGE,
+                                     ENV_IMAGE_PULL_POLICY, ENV_JOB_TTL_SECONDS, ENV_POD_DISRUPTION_BUDGETS, ENV_POD_NAME,
+                                     ENV_PROMETHEUS_URL, ENV_SERVING_IMAGE,
                                      ENV_SERVING_IMAGE_GPU, LABEL_APP_COMPONENT,
                                      LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_APP_VERSION, OPERATOR_NAME,
                                      OPERATOR_NAMESPACE)
@@ -27,6 +29,7 @@ from kubetrt.operators.names import (APP_NAME, ENV_BUILDER_IMAGE, ENV_BUILDER_IM
 CHART_DIR = REPO_ROOT / "helm" / "kubetrt"
 MANIFEST_FILE = REPO_ROOT / "manifests" / "05-operator.yaml"
 CHART_TEMPLATE_FILE = CHART_DIR / "templates" / "deployment.yaml"
+CHART_DASHBOARD_FILE = CHART_DIR / "files" / "grafana-dashboard.json"  # operators/dashboard.py
 COMPONENT = "operator"
 HEALTH_PORT = 8080  # kopf's liveness endpoint
 HANDLERS_MODULE = "kubetrt.operators.handlers"
@@ -53,6 +56,7 @@ def operator_deployment(
     job_ttl_seconds: int,
     cluster_domain: str,
     pod_disruption_budgets: Any,
+    prometheus_url: str,
     peering: str,
     log_format: str,
     resources: Mapping[str, Any],
@@ -89,6 +93,7 @@ def operator_deployment(
             {"name": ENV_JOB_TTL_SECONDS, "value": str(job_ttl_seconds)},
             {"name": ENV_CLUSTER_DOMAIN, "value": cluster_domain},
             {"name": ENV_POD_DISRUPTION_BUDGETS, "value": pod_disruption_budgets},
+            {"name": ENV_PROMETHEUS_URL, "value": prometheus_url},
         ],
         "ports": [{"name": "health", "containerPort": HEALTH_PORT, "protocol": "TCP"}],
         "livenessProbe": {"httpGet": {"path": "/healthz", "port": "health"}, "initialDelaySeconds": 10,
@@ -148,6 +153,7 @@ def settings_from_values(values: Mapping[str, Any], app_version: str) -> dict[st
         "job_ttl_seconds": operator["jobTTLSeconds"],
         "cluster_domain": operator["clusterDomain"],
         "pod_disruption_budgets": str(bool(operator["podDisruptionBudgets"])).lower(),
+        "prometheus_url": operator.get("prometheusURL") or "",
         "peering": values["peering"]["name"],
         "log_format": operator["logFormat"],
         "resources": values.get("resources") or {},
@@ -246,6 +252,7 @@ def chart_template() -> str:
         job_ttl_seconds=p.value(".Values.operator.jobTTLSeconds | quote"),
         cluster_domain=p.value(".Values.operator.clusterDomain | quote"),
         pod_disruption_budgets=p.value(".Values.operator.podDisruptionBudgets | toString | quote"),
+        prometheus_url=p.value(".Values.operator.prometheusURL | quote"),
         peering=p.value(".Values.peering.name"),
         log_format=p.value(".Values.operator.logFormat"),
         resources=p.block("toYaml .Values.resources"),
@@ -265,7 +272,8 @@ def _dump(obj: Mapping[str, Any]) -> str:
 
 def generated_files() -> dict[Path, str]:
     """Every file generated from this module, with its exact content."""
-    return {MANIFEST_FILE: HEADER + _dump(default_deployment()), CHART_TEMPLATE_FILE: chart_template()}
+    return {MANIFEST_FILE: HEADER + _dump(default_deployment()), CHART_TEMPLATE_FILE: chart_template(),
+            CHART_DASHBOARD_FILE: dashboard.dashboard_json()}
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,9 @@ from typing import Any, Mapping
 
 import kubernetes
 
-from kubetrt.operators.names import (API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT, PLURAL_ENGINE_BUILDS,
-                                     PLURAL_MODEL_DEPLOYMENTS)
+from kubetrt.operators.names import (API_VERSION, HTTP_ROUTE_API, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT,
+                                     PLURAL_ENGINE_BUILDS, PLURAL_MODEL_DEPLOYMENTS, SCALED_OBJECT_API,
+                                     SERVICE_MONITOR_API)
 
 log = logging.getLogger("kubetrt.operators.kube")
 
@@ -27,7 +28,7 @@ RESOURCES: dict[tuple[str, str], str] = {
     ("v1", "Node"): "nodes",
     ("autoscaling/v2", "HorizontalPodAutoscaler"): "horizontalpodautoscalers",
     ("policy/v1", "PodDisruptionBudget"): "poddisruptionbudgets",
-    ("monitoring.coreos.com/v1", "ServiceMonitor"): "servicemonitors",
+    **{api[:2]: api[2] for api in (SERVICE_MONITOR_API, HTTP_ROUTE_API, SCALED_OBJECT_API)},
 }
 
 

@@ -70,6 +70,15 @@ ENV_JOB_TTL_SECONDS = "KUBETRT_JOB_TTL_SECONDS"
 ENV_CLUSTER_DOMAIN = "KUBETRT_CLUSTER_DOMAIN"
 ENV_POD_NAME = "POD_NAME"  # kopf peering priority of each operator replica
 ENV_POD_DISRUPTION_BUDGETS = "KUBETRT_POD_DISRUPTION_BUDGETS"  # "true"/"false": a PDB per serving target
+# The Prometheus that scrapes the serving pods (http://prometheus-operated.monitoring:9090): KEDA's
+# prometheus trigger queries it; unset, load autoscaling stays an HPA on the custom metrics API.
+ENV_PROMETHEUS_URL = "KUBETRT_PROMETHEUS_URL"
+
+# ----------------------------------------------------------------------------- other projects' APIs
+# (apiVersion, kind, plural) of the CRDs the operator uses where they are served (API discovery).
+SERVICE_MONITOR_API = ("monitoring.coreos.com/v1", "ServiceMonitor", "servicemonitors")
+HTTP_ROUTE_API = ("gateway.networking.k8s.io/v1", "HTTPRoute", "httproutes")
+SCALED_OBJECT_API = ("keda.sh/v1alpha1", "ScaledObject", "scaledobjects")
 
 # ----------------------------------------------------------------------------- GPUs
 # The NVIDIA device plugin's resource; GPU nodes are commonly tainted with the same key.
@@ -111,6 +120,17 @@ def stable_hash(value: Any, length: int = 10) -> str:
 def canary_name(deployment: str) -> str:
     """The canary Deployment beside a target's stable Deployment ``deployment``."""
     return dns_label(deployment, TRACK_CANARY)
+
+
+def track_service_name(md_name: str, track: str) -> str:
+    """The Service selecting one track's (stable or canary) serving pods: an HTTPRoute's backend."""
+    return dns_label(md_name, track)
+
+
+def prometheus_label(label: str) -> str:
+    """A Kubernetes label key as the Prometheus label a ServiceMonitor's podTargetLabels makes of it
+    (every character outside [a-zA-Z0-9_] becomes _): kubetrt.io/revision -> kubetrt_io_revision."""
+    return re.sub(r"[^a-zA-Z0-9_]", "_", label)
 
 
 def revision_id(version: str, identity: Any) -> str:

@@ -25,6 +25,10 @@ from kubetrt.operators.names import (
     ENV_IMAGE_PULL_POLICY,
     ENV_JOB_TTL_SECONDS,
     ENV_POD_DISRUPTION_BUDGETS,
+    ENV_PROMETHEUS_URL,
+    HTTP_ROUTE_API,
+    SCALED_OBJECT_API,
+    SERVICE_MONITOR_API as SERVICE_MONITOR,
     ENV_SERVING_IMAGE,
     ENV_SERVING_IMAGE_GPU,
     GPU_PRODUCT_LABEL,
@@ -53,7 +57,9 @@ from kubetrt.operators.names import (
     TERMINATION_LOG,
     dns_label,
     label_value,
+    prometheus_label,
     stable_hash,
+    track_service_name,
 )
 from kubetrt.runtime.target import CPU_PRODUCT, BatchProfile, Target
 
@@ -79,6 +85,7 @@ class OperatorConfig:
     job_ttl_seconds: int = 86400
     cluster_domain: str = "cluster.local"
     pod_disruption_budgets: bool = True
+    prometheus_url: str = ""  # where KEDA's prometheus trigger reads the serving metrics; "" for none
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] | None = None) -> "OperatorConfig":
@@ -97,6 +104,7 @@ class OperatorConfig:
             job_ttl_seconds=int(get(ENV_JOB_TTL_SECONDS, str(d.job_ttl_seconds))),
             cluster_domain=get(ENV_CLUSTER_DOMAIN, d.cluster_domain),
             pod_disruption_budgets=_flag(ENV_POD_DISRUPTION_BUDGETS, get(ENV_POD_DISRUPTION_BUDGETS, "true")),
+            prometheus_url=_url(ENV_PROMETHEUS_URL, get(ENV_PROMETHEUS_URL, "")),
         )
 
     def default_image(self, part: str, gpu: bool) -> str:
@@ -111,6 +119,14 @@ def _flag(name: str, raw: str) -> bool:
     if value not in ("true", "false"):
         raise ValueError(f"{name}={raw!r}: expected true or false")
     return value == "true"
+
+
+def _url(name: str, raw: str) -> str:
+    value = raw.strip()
+    if value and not value.startswith(("http://", "https://")) or value in ("http://", "https://"):
+        raise ValueError(f"{name}={raw!r}: expected an http:// or https:// URL, e.g. "
+                         "http://prometheus-operated.monitoring.svc:9090, or nothing")
+    return value.rstrip("/")
 
 
 def target_image(spec: Mapping[str, Any], target: Mapping[str, Any], part: str, config: OperatorConfig) -> str:
@@ -656,10 +672,7 @@ def autoscaling_metric(auto: Mapping[str, Any]) -> Obj:
     if metric == "cpu":
         return {"type": "Resource", "resource": {"name": "cpu", "target": {
             "type": "Utilization", "averageUtilization": auto["targetCPUUtilizationPercentage"]}}}
-    gauges = {"concurrency": crds.METRIC_INFLIGHT, "queue": crds.METRIC_QUEUE}
-    if metric not in gauges:
-        raise ValueError(f"spec.autoscaling.metric={metric!r}: expected one of {', '.join(crds.AUTOSCALING_METRICS)}")
-    return {"type": "Pods", "pods": {"metric": {"name": gauges[metric]},
+    return {"type": "Pods", "pods": {"metric": {"name": load_gauge(metric)},
                                      "target": {"type": "AverageValue", "averageValue": str(auto["targetAverageValue"])}}}
 
 
@@ -682,7 +695,10 @@ def pod_disruption_budget(md: Mapping[str, Any], target: Mapping[str, Any]) -> O
     }
 
 
-SERVICE_MONITOR_API = ("monitoring.coreos.com/v1", "ServiceMonitor")
+SERVICE_MONITOR_API = SERVICE_MONITOR[:2]
+# Pod labels a ServiceMonitor copies onto every series it scrapes (as kubetrt_io_revision, ...): the
+# dashboard and KEDA's queries select a model's, a target's and a track's pods by them.
+POD_TARGET_LABELS = (LABEL_MD, LABEL_REVISION, LABEL_TARGET, LABEL_TRACK)
 
 
 def service_monitor(md: Mapping[str, Any]) -> Obj:
@@ -698,9 +714,134 @@ def service_monitor(md: Mapping[str, Any]) -> Obj:
         "metadata": {"name": service_name(md_name), "namespace": md["metadata"]["namespace"],
                      "labels": labels(md_name, "serving"), "ownerReferences": [owner_reference(md)]},
         "spec": {
+            # Not <name>-fallback (labelled with its role), nor the per-track Services of an HTTPRoute
+            # (labelled with their track): each selects pods the model's Service selects too.
             "selector": {"matchLabels": selector,
-                         "matchExpressions": [{"key": LABEL_ROLE, "operator": "DoesNotExist"}]},
+                         "matchExpressions": [{"key": LABEL_ROLE, "operator": "DoesNotExist"},
+                                              {"key": LABEL_TRACK, "operator": "DoesNotExist"}]},
             "endpoints": [{"port": "http", "path": "/metrics"}],
-            "podTargetLabels": [LABEL_REVISION, LABEL_TARGET, LABEL_TRACK],
+            "podTargetLabels": list(POD_TARGET_LABELS),
+        },
+    }
+
+
+# ----------------------------------------------------------------------------- Gateway API
+def track_service(md: Mapping[str, Any], track: str, serve_role: str = ROLE_PRIMARY) -> Obj:
+    """`<md>-stable` or `<md>-canary`: the model's Service narrowed to one track's pods (of the role
+    the model's Service selects), an HTTPRoute backend. Labelled with its track, so the ServiceMonitor
+    leaves it out (its pods are scraped through the model's Service)."""
+    if track not in (TRACK_STABLE, TRACK_CANARY):
+        raise ValueError(f"track={track!r}: expected {TRACK_STABLE} or {TRACK_CANARY}")
+    out = service(md, serve_role)
+    out["metadata"]["name"] = track_service_name(md["metadata"]["name"], track)
+    out["metadata"]["labels"][LABEL_TRACK] = track
+    out["spec"]["selector"][LABEL_TRACK] = track
+    return out
+
+
+GATEWAY_GROUP = HTTP_ROUTE_API[0].split("/")[0]
+
+
+def http_route(md: Mapping[str, Any], spec: Mapping[str, Any], canary_weight: int) -> Obj:
+    """The Gateway API HTTPRoute `<md>`: HTTP (port http) to the stable track's Service with weight
+    100 - ``canary_weight`` and the canary track's with ``canary_weight`` (left out at 0), so a
+    Gateway splits requests exactly, whatever the replica counts. parentRefs come from
+    ``spec.rollout.gateway``; without it the route is attached to no Gateway and carries nothing."""
+    if not 0 <= canary_weight < 100:
+        raise ValueError(f"canary weight {canary_weight}: expected 0..99 (the stable track keeps the rest)")
+    md_name = md["metadata"]["name"]
+    gateway = (spec.get("rollout") or {}).get("gateway") or {}
+    backends = [{"name": track_service_name(md_name, TRACK_STABLE), "port": SERVING_PORT,
+                 "weight": 100 - canary_weight}]
+    if canary_weight:
+        backends.append({"name": track_service_name(md_name, TRACK_CANARY), "port": SERVING_PORT,
+                         "weight": canary_weight})
+    route_spec: Obj = {"rules": [{"backendRefs": backends}]}
+    if gateway:
+        parent = {"group": GATEWAY_GROUP, "kind": "Gateway", "name": gateway["name"]}
+        parent.update({k: gateway[k] for k in ("namespace", "sectionName") if gateway.get(k)})
+        route_spec["parentRefs"] = [parent]
+        if gateway.get("hostnames"):
+            route_spec["hostnames"] = list(gateway["hostnames"])
+    api_version, kind, _ = HTTP_ROUTE_API
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": service_name(md_name), "namespace": md["metadata"]["namespace"],
+                     "labels": labels(md_name, "serving"), "ownerReferences": [owner_reference(md)]},
+        "spec": route_spec,
+    }
+
+
+# ----------------------------------------------------------------------------- KEDA
+KEDA = "KEDA"
+HPA = "HPA"
+
+
+@dataclass(frozen=True)
+class AutoscalingChoice:
+    """Which object scales a ModelDeployment's targets (``mechanism``: KEDA or HPA) and why."""
+
+    mechanism: str
+    reason: str
+
+
+def autoscaling_choice(auto: Mapping[str, Any], keda_served: bool, prometheus_url: str) -> AutoscalingChoice:
+    """KEDA's ScaledObject for a load metric where its CRD is served and the operator knows the
+    Prometheus to query; else the HPA (on CPU, or on a Pods metric the Prometheus adapter serves)."""
+    metric = auto.get("metric", "cpu")
+    if metric == "cpu":
+        return AutoscalingChoice(HPA, "metric cpu: an HPA on CPU utilization (metrics-server)")
+    gauge = load_gauge(metric)
+    if keda_served and prometheus_url:
+        return AutoscalingChoice(KEDA, f"KEDA's ScaledObject CRD is served and {ENV_PROMETHEUS_URL} is set: a "
+                                       f"prometheus trigger on sum({gauge}) of the stable pods at {prometheus_url}")
+    why = (f"KEDA's ScaledObject CRD is served but {ENV_PROMETHEUS_URL} is not set" if keda_served
+           else "KEDA's ScaledObject CRD is not served")
+    return AutoscalingChoice(HPA, f"{why}: an HPA on the Pods metric {gauge} from the custom metrics API "
+                                  "(the Prometheus adapter)")
+
+
+def load_gauge(metric: str) -> str:
+    """The serving gauge of a load metric (concurrency: in-flight requests, queue: queued requests)."""
+    gauges = {"concurrency": crds.METRIC_INFLIGHT, "queue": crds.METRIC_QUEUE}
+    if metric not in gauges:
+        raise ValueError(f"spec.autoscaling.metric={metric!r}: expected one of {', '.join(crds.AUTOSCALING_METRICS)}")
+    return gauges[metric]
+
+
+def keda_query(md: Mapping[str, Any], target: Mapping[str, Any], metric: str) -> str:
+    """PromQL for one target's load: the gauge summed over its stable pods, selected by the labels the
+    operator's ServiceMonitor copies from the pods (KEDA divides it by targetAverageValue)."""
+    meta = md["metadata"]
+    matchers = {"namespace": meta["namespace"], prometheus_label(LABEL_MD): label_value(meta["name"]),
+                prometheus_label(LABEL_TARGET): target["name"], prometheus_label(LABEL_TRACK): TRACK_STABLE}
+    inner = ",".join(f'{k}="{v}"' for k, v in matchers.items())
+    return f"sum({load_gauge(metric)}{{{inner}}})"
+
+
+def scaled_object(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any],
+                  prometheus_url: str) -> Obj:
+    """KEDA ScaledObject for one target's stable Deployment (KEDA makes and owns its HPA,
+    keda-hpa-<name>): a prometheus trigger on the target's in-flight or queued requests."""
+    if not prometheus_url:
+        raise ValueError(f"a ScaledObject needs the Prometheus address ({ENV_PROMETHEUS_URL})")
+    md_name = md["metadata"]["name"]
+    auto = spec["autoscaling"]
+    dep = deployment_name(md_name, target["name"])
+    api_version, kind, _ = SCALED_OBJECT_API
+    return {
+        "apiVersion": api_version,
+        "kind": kind,
+        "metadata": {"name": dep, "namespace": md["metadata"]["namespace"],
+                     "labels": labels(md_name, "serving", target["name"]),
+                     "ownerReferences": [owner_reference(md)]},
+        "spec": {
+            "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep},
+            "minReplicaCount": auto["minReplicas"],
+            "maxReplicaCount": max(auto["maxReplicas"], auto["minReplicas"]),
+            "triggers": [{"type": "prometheus", "metadata": {
+                "serverAddress": prometheus_url, "query": keda_query(md, target, auto["metric"]),
+                "threshold": str(auto["targetAverageValue"])}}],
         },
     }

@@ -30,6 +30,12 @@ RULES: list[tuple[str, str, list[str], str]] = [
      "a PodDisruptionBudget per serving target (KUBETRT_POD_DISRUPTION_BUDGETS)"),
     ("monitoring.coreos.com", "servicemonitors", ["list", "create", "update", "delete"],
      "a ServiceMonitor per ModelDeployment, where the Prometheus Operator's CRD is installed"),
+    ("gateway.networking.k8s.io", "httproutes", ["list", "create", "update", "delete"],
+     "an HTTPRoute per ModelDeployment (weighted stable and canary backends), where the Gateway API's CRD is "
+     "installed"),
+    ("keda.sh", "scaledobjects", ["list", "create", "update", "delete"],
+     "a KEDA ScaledObject per target autoscaled on load, where KEDA's CRD is installed and the operator has a "
+     "Prometheus address"),
     ("", "events", ["create"], "the operator records stuck and failed builds and targets as Events (kopf)"),
     ("apiextensions.k8s.io", "customresourcedefinitions", ["list", "watch"], "kopf's resource discovery"),
     ("kopf.dev", "clusterkopfpeerings", ["list", "watch", "patch"], "kopf peering: one active replica"),

@@ -11,8 +11,9 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 from kubetrt.operators import analysis, objects, pods as podinfo, rollout, status
-from kubetrt.operators.names import (ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, KIND_ENGINE_BUILD, LABEL_TARGET,
-                                     LABEL_TRACK, TRACK_CANARY, canary_name)
+from kubetrt.operators.names import (ANN_ENGINE_BUILD, ANN_SPEC_HASH, API_VERSION, HTTP_ROUTE_API, KIND_ENGINE_BUILD,
+                                     LABEL_TARGET, LABEL_TRACK, SCALED_OBJECT_API, TRACK_CANARY, TRACK_STABLE,
+                                     canary_name)
 from kubetrt.operators.objects import Obj, OperatorConfig
 from kubetrt.runtime.target import TargetError
 
@@ -27,6 +28,8 @@ class Observed:
     autoscalers: dict[str, Obj] = field(default_factory=dict)
     disruption_budgets: dict[str, Obj] = field(default_factory=dict)
     service_monitors: dict[str, Obj] | None = None  # None: the Prometheus Operator's CRD is not installed
+    http_routes: dict[str, Obj] | None = None  # None: the Gateway API's HTTPRoute CRD is not installed
+    scaled_objects: dict[str, Obj] | None = None  # None: KEDA's ScaledObject CRD is not installed
     pods: list[Obj] = field(default_factory=list)  # serving pods
     nodes: list[Obj] | None = None  # read only while a serving pod is unschedulable
     canary_metrics: list[str] | None = None  # the ready canary pods' /metrics, read only during an analysis
@@ -101,6 +104,9 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
     keep_deployments: set[str] = set()
     keep_autoscalers: set[str] = set()
     keep_budgets: set[str] = set()
+    keep_scalers: set[str] = set()
+    choice = (objects.autoscaling_choice(spec["autoscaling"], observed.scaled_objects is not None, config.prometheus_url)
+              if spec["autoscaling"]["enabled"] else None)
     for raw_target in spec["targets"]:
         target = objects.resolve_target(spec, raw_target)
         eb = objects.engine_build(md, spec, target, config)
@@ -145,7 +151,12 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
             if not dep_current:
                 plan.apply.append(dep)
             stable_done = dep_current and status.deployment_done(dep_observed, desired_replicas)
-            if spec["autoscaling"]["enabled"]:
+            if choice is not None and choice.mechanism == objects.KEDA:
+                scaler = objects.with_spec_hash(objects.scaled_object(md, spec, target, config.prometheus_url))
+                keep_scalers.add(scaler["metadata"]["name"])
+                if needs_apply(scaler, (observed.scaled_objects or {}).get(scaler["metadata"]["name"])):
+                    plan.apply.append(scaler)
+            elif choice is not None:
                 hpa = objects.with_spec_hash(objects.autoscaler(md, spec, target))
                 keep_autoscalers.add(hpa["metadata"]["name"])
                 if needs_apply(hpa, observed.autoscalers.get(hpa["metadata"]["name"])):
@@ -176,12 +187,23 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
                                        canary_deployment=observed.deployments.get(can_name) if canary else None,
                                        canary_current=can_current, canary_replicas=canary_replicas))
 
-    services = [objects.service(md, main_service_role(views))]
+    main_role = main_service_role(views)
+    services = [objects.service(md, main_role)]
     if any(objects.role(v.target) == objects.ROLE_FALLBACK for v in views):
         services.append(objects.service(md, objects.ROLE_FALLBACK, objects.fallback_service_name(md_name)))
+    canary_weight = rollout.route_weight(pct, [v.canary_current and status.deployment_done(
+        v.canary_deployment, v.canary_replicas) for v in views if v.canary is not None])
+    if observed.http_routes is not None:
+        services += [objects.track_service(md, track, main_role) for track in (TRACK_STABLE, TRACK_CANARY)]
     for svc in map(objects.with_spec_hash, services):
         if needs_apply(svc, observed.services.get(svc["metadata"]["name"])):
             plan.apply.append(svc)
+    if observed.http_routes is not None:  # after its backends' Services
+        route = objects.with_spec_hash(objects.http_route(md, spec, canary_weight))
+        if needs_apply(route, observed.http_routes.get(route["metadata"]["name"])):
+            plan.apply.append(route)
+        plan.delete += [(*HTTP_ROUTE_API[:2], n) for n in sorted(observed.http_routes)
+                        if n != route["metadata"]["name"]]
     keep_services = {s["metadata"]["name"] for s in services}
     if observed.service_monitors is not None:
         monitor = objects.with_spec_hash(objects.service_monitor(md))
@@ -198,7 +220,11 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
     plan.delete += [("v1", "Service", n) for n in sorted(observed.services) if n not in keep_services]
     plan.delete += [("policy/v1", "PodDisruptionBudget", n) for n in sorted(observed.disruption_budgets)
                     if n not in keep_budgets]
+    plan.delete += [(*SCALED_OBJECT_API[:2], n) for n in sorted(observed.scaled_objects or {}) if n not in keep_scalers]
     plan.status = status.model_deployment_status(md, spec, views, [], config, now)
+    plan.status["traffic"] = rollout.traffic_status(md_name, spec, observed.http_routes is not None, canary_weight)
+    plan.status["autoscaling"] = (None if choice is None else
+                                  {"mechanism": choice.mechanism, "message": choice.reason})
     canary_state: dict[str, Any] | None = None
     if analysis_spec is not None and not held_back:
         canary_state, judged = judge_canary(analysis_spec, views, observed, old_status, want_rev, now)
@@ -301,8 +327,10 @@ def _rollout_status(st: dict[str, Any], canary_state: Mapping[str, Any] | None, 
         prev: Mapping[str, Any] = next((c for c in old.get("conditions") or [] if c.get("type") == "RolledBack"), {})
         st["conditions"].append({
             "type": "RolledBack", "status": "True", "reason": rolled_back.get("reason", "RolledBack"),
-            "message": f"revision {rolled_back.get('revision')} rolled back: {rolled_back.get('message', '')}",
+            "message": f"revision {rolled_back.get('revision')} rolled back ({rolled_back.get('reason', 'RolledBack')}): "
+                       f"{rolled_back.get('message', '')}",
             "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == "True" else now})
+        st["message"] = status.summary(st["conditions"])  # names the rollback while the condition holds
 
 
 def _serving_builds(current: Mapping[str, Any] | None, in_use: Mapping[str, Any] | None, pct: int | None,
@@ -355,6 +383,10 @@ def model_deployment_events(old: Mapping[str, Any], new: Mapping[str, Any]) -> l
     if new.get("promotedRevision") and new.get("promotedRevision") != old.get("promotedRevision"):
         events.append(Event("Normal", "Promoted", f"revision {new['promotedRevision']} promoted: "
                             f"{(new.get('canary') or {}).get('message', '')}"))
+    for key, reason in (("autoscaling", "Autoscaling"), ("traffic", "Traffic")):
+        was_mech, now_mech = (old.get(key) or {}).get("mechanism"), (new.get(key) or {}).get("mechanism")
+        if now_mech and now_mech != was_mech and (was_mech or key == "autoscaling"):
+            events.append(Event("Normal", reason, f"{now_mech}: {(new.get(key) or {}).get('message', '')}"))
     ready_was, ready_now = _condition(old, "Ready"), _condition(new, "Ready")
     if ready_now.get("status") == "True" and ready_was.get("status") != "True":
         events.append(Event("Normal", "Ready", str(ready_now.get("message") or "")))

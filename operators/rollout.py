@@ -10,7 +10,7 @@ import math
 from typing import Any, Mapping, Sequence
 
 from kubetrt.operators.names import (ANN_ENGINE_KEY, ANN_MODEL_VERSION, LABEL_REVISION, TRACK_CANARY, TRACK_STABLE,
-                                     revision_id)
+                                     dns_label, revision_id, track_service_name)
 
 NO_REVISION = "-"  # printer-column value while a ModelDeployment has no stable or no canary revision
 ROLE_PREVIOUS = "previous"  # pods of a revision no Deployment asks for any more (an in-place roll)
@@ -59,6 +59,47 @@ def canary_beside(stable: int, percent: int) -> int:
     if not 0 < percent < 100:
         raise ValueError(f"canaryTrafficPercent={percent}: expected 1..99 beside an autoscaled stable revision")
     return max(1, math.ceil(max(int(stable), 1) * percent / (100 - percent)))
+
+
+def route_weight(percent: int | None, canaries_ready: Sequence[bool]) -> int:
+    """The canary backend's HTTPRoute weight: ``percent`` (canaryTrafficPercent, exact) once every
+    target's canary Deployment has all its pods ready, else 0 (a Gateway would answer the canary's
+    share with errors while it has no ready endpoint); 0 without a canary or once it is promoted."""
+    if percent is None or not canaries_ready or not all(canaries_ready):
+        return 0
+    if not 0 < percent < 100:
+        raise ValueError(f"canaryTrafficPercent={percent}: expected 1..99 during a canary")
+    return int(percent)
+
+
+TRAFFIC_ROUTE = "HTTPRoute"  # status.traffic.mechanism: a Gateway splits by the HTTPRoute's weights
+TRAFFIC_REPLICAS = "ReplicaCounts"  # the Service spreads requests over both revisions' ready pods
+
+
+def traffic_status(md_name: str, spec: Mapping[str, Any], route_served: bool, canary_weight: int) -> dict[str, Any]:
+    """``status.traffic``: what carries a canary's share. The model's Service always splits by replica
+    counts (in-cluster clients); an HTTPRoute attached to a Gateway (spec.rollout.gateway) carries the
+    exact share for the traffic that comes through that Gateway."""
+    service = dns_label(md_name)
+    by_replicas = f"the Service {service} spreads requests over the ready pods of both revisions (replica counts)"
+    if not route_served:
+        return {"mechanism": TRAFFIC_REPLICAS,
+                "message": f"{by_replicas}; no HTTPRoute: the Gateway API's HTTPRoute CRD is not served"}
+    weights = f"{track_service_name(md_name, TRACK_STABLE)} {100 - canary_weight}"
+    if canary_weight:
+        weights += f", {track_service_name(md_name, TRACK_CANARY)} {canary_weight}"
+    gateway = (spec.get("rollout") or {}).get("gateway") or {}
+    out: dict[str, Any] = {"httpRoute": service, "stableWeight": 100 - canary_weight, "canaryWeight": canary_weight}
+    if not gateway:
+        return {**out, "mechanism": TRAFFIC_REPLICAS,
+                "message": f"HTTPRoute {service} (weights {weights}) is attached to no Gateway: spec.rollout.gateway "
+                           f"is unset; {by_replicas}"}
+    parent = f"{gateway.get('namespace') or '(its namespace)'}/{gateway['name']}"
+    if gateway.get("sectionName"):
+        parent += f" listener {gateway['sectionName']}"
+    return {**out, "mechanism": TRAFFIC_ROUTE,
+            "message": f"HTTPRoute {service} on Gateway {parent}: weights {weights} (exact, for requests through "
+                       f"the Gateway); in-cluster, {by_replicas}"}
 
 
 def deployment_revision(dep: Mapping[str, Any] | None) -> str | None:

@@ -41,6 +41,13 @@ def termination_message(pods: Sequence[Mapping[str, Any]], container: str = "bui
     return max(found)[1] if found else None
 
 
+def _finished_at(pods: Sequence[Mapping[str, Any]], container: str = "build") -> str:
+    """When the newest terminated ``container`` of the pods finished ("" if none says)."""
+    stamps = [str(((cs.get("state") or {}).get("terminated") or {}).get("finishedAt") or "")
+              for p in pods for cs in (p.get("status") or {}).get("containerStatuses") or [] if cs.get("name") == container]
+    return max(stamps, default="")
+
+
 def _tail(text: str | None) -> str:
     text = (text or "").strip()
     return text if len(text) <= MESSAGE_LIMIT else "…" + text[-MESSAGE_LIMIT:]
@@ -99,6 +106,13 @@ def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
         return {**base, "phase": "Failed", "verified": False, "reason": cond.get("reason") or "JobFailed",
                 "completionTime": cond.get("lastTransitionTime", ""),
                 "message": _tail(message or cond.get("message") or "the build Job failed")}
+    refused = parse_build_result(message)
+    if refused is not None and refused.get("verified") is False:
+        # A build pod ran and refused its engine: the model itself is wrong, and the Job's retries
+        # would refuse it again, so the build fails now rather than after its backoffLimit.
+        summary = str((refused.get("report") or {}).get("summary") or "the engine did not match the golden outputs")
+        return {**base, "phase": "Failed", "verified": False, "reason": "VerificationFailed",
+                "completionTime": _finished_at(pods), "message": _tail(summary)}
     live = [p for p in pods if ((p.get("status") or {}).get("phase") or "Pending") in ("Pending", "Running")]
     problems = [pr for pr in (podinfo.pod_problem(p, nodes) for p in live) if pr is not None]
     if problems and len(problems) == len(live):
@@ -281,9 +295,10 @@ def _problem_reason(view: TargetView) -> str:
 
 
 def summary(conds: Sequence[Mapping[str, Any]]) -> str:
-    """One line for `kubectl get`: what is wrong, else what is in progress, else what serves."""
+    """One line for `kubectl get`: what is wrong, else the rollback that holds (its revision and
+    cause), else what is in progress, else what serves."""
     by_type = {c["type"]: c for c in conds}
-    for ctype in ("Degraded", "Progressing"):
+    for ctype in ("Degraded", "RolledBack", "Progressing"):
         cond = by_type.get(ctype) or {}
         if cond.get("status") == "True" and cond.get("message"):
             return str(cond["message"])

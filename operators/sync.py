@@ -17,10 +17,11 @@ import kubernetes
 
 from kubetrt.operators import pods as podinfo, reconcile, status
 from kubetrt.operators.kube import KubeClient
-from kubetrt.operators.names import (API_VERSION, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT, LABEL_APP_COMPONENT,
-                                     LABEL_APP_MANAGED_BY, LABEL_BUILD, LABEL_MD, LABEL_TRACK, MANAGED_BY, SERVING_PORT,
-                                     TRACK_CANARY, label_value)
-from kubetrt.operators.objects import SERVICE_MONITOR_API, OperatorConfig
+from kubetrt.operators.names import (API_VERSION, HTTP_ROUTE_API, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT,
+                                     LABEL_APP_COMPONENT, LABEL_APP_MANAGED_BY, LABEL_BUILD, LABEL_MD, LABEL_TRACK,
+                                     MANAGED_BY, SCALED_OBJECT_API, SERVICE_MONITOR_API, SERVING_PORT, TRACK_CANARY,
+                                     label_value)
+from kubetrt.operators.objects import OperatorConfig
 
 log = logging.getLogger("kubetrt.operators.sync")
 MD = (API_VERSION, KIND_MODEL_DEPLOYMENT)
@@ -58,21 +59,30 @@ def observe(kube: KubeClient, namespace: str, md_name: str) -> reconcile.Observe
     def by_name(api: str, kind: str) -> dict[str, Any]:
         return {o["metadata"]["name"]: o for o in kube.list(api, kind, namespace, sel)}
     pods = kube.list("v1", "Pod", namespace, {**sel, LABEL_APP_COMPONENT: "serving"})
-    monitors: dict[str, Any] | None = None
-    if service_monitors_installed(kube):
+
+    def optional(api: tuple[str, str, str]) -> dict[str, Any] | None:
+        """Objects of another project's CRD; None where it is not served."""
+        if not crd_served(kube, api):
+            return None
         try:
-            monitors = by_name(*SERVICE_MONITOR_API)
+            return by_name(*api[:2])
         except kubernetes.client.ApiException as exc:
             if exc.status != 404:
                 raise
             _discovered.clear()  # the CRD went away since discovery said otherwise
+            return None
+    # KEDA's own HPA (keda-hpa-<name>) copies the ScaledObject's labels: only the operator's own are listed.
+    autoscalers = {k: v for k, v in by_name("autoscaling/v2", "HorizontalPodAutoscaler").items()
+                   if _controller_kind(v) in (None, KIND_MODEL_DEPLOYMENT)}
     return reconcile.Observed(
         engine_builds=by_name(*EB),
         deployments=by_name("apps/v1", "Deployment"),
         services=by_name("v1", "Service"),
-        autoscalers=by_name("autoscaling/v2", "HorizontalPodAutoscaler"),
+        autoscalers=autoscalers,
         disruption_budgets=by_name("policy/v1", "PodDisruptionBudget"),
-        service_monitors=monitors,
+        service_monitors=optional(SERVICE_MONITOR_API),
+        http_routes=optional(HTTP_ROUTE_API),
+        scaled_objects=optional(SCALED_OBJECT_API),
         pods=pods,
         nodes=nodes_if_unschedulable(kube, pods),
     )
@@ -108,19 +118,30 @@ def read_canary_metrics(kube: KubeClient, md: Mapping[str, Any], pods: Sequence[
     return texts, None
 
 
-DISCOVERY_TTL_SECONDS = 60.0  # how long the answer "is the ServiceMonitor CRD installed" is reused
-_discovered: dict[str, tuple[float, bool]] = {}
+def _controller_kind(obj: Mapping[str, Any]) -> str | None:
+    refs = (obj.get("metadata") or {}).get("ownerReferences") or []
+    return next((str(r.get("kind")) for r in refs if r.get("controller")), None)
+
+
+DISCOVERY_TTL_SECONDS = 60.0  # how long the answer "is this CRD installed" is reused
+_discovered: dict[tuple[str, str], tuple[float, bool]] = {}
+
+
+def crd_served(kube: KubeClient, api: tuple[str, str, str]) -> bool:
+    """Whether another project's CRD (apiVersion, kind, plural: the ServiceMonitor, the HTTPRoute, the
+    ScaledObject) is served (API discovery, cached a minute: a CRD installed later is picked up
+    without restarting the operator)."""
+    key = (api[0], api[2])
+    seen = _discovered.get(key)
+    if seen is None or time.monotonic() - seen[0] > DISCOVERY_TTL_SECONDS:
+        seen = (time.monotonic(), kube.serves(*key))
+        _discovered[key] = seen
+    return seen[1]
 
 
 def service_monitors_installed(kube: KubeClient) -> bool:
-    """Whether the Prometheus Operator's ServiceMonitor CRD is served (API discovery, cached a minute:
-    a CRD installed later is picked up without restarting the operator)."""
-    api_version, _ = SERVICE_MONITOR_API
-    seen = _discovered.get(api_version)
-    if seen is None or time.monotonic() - seen[0] > DISCOVERY_TTL_SECONDS:
-        seen = (time.monotonic(), kube.serves(api_version, "servicemonitors"))
-        _discovered[api_version] = seen
-    return seen[1]
+    """Whether the Prometheus Operator's ServiceMonitor CRD is served."""
+    return crd_served(kube, SERVICE_MONITOR_API)
 
 
 def nodes_if_unschedulable(kube: KubeClient, pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
@@ -145,6 +166,8 @@ def apply_plan(kube: KubeClient, namespace: str, plan: reconcile.Plan, observed:
     index.update({("HorizontalPodAutoscaler", k): v for k, v in observed.autoscalers.items()})
     index.update({("PodDisruptionBudget", k): v for k, v in observed.disruption_budgets.items()})
     index.update({("ServiceMonitor", k): v for k, v in (observed.service_monitors or {}).items()})
+    index.update({("HTTPRoute", k): v for k, v in (observed.http_routes or {}).items()})
+    index.update({("ScaledObject", k): v for k, v in (observed.scaled_objects or {}).items()})
     for obj in plan.create:
         _create(kube, obj)
     for obj in plan.apply:

@@ -84,15 +84,21 @@ def _plan(md: dict[str, Any], obs: Observed, now: str) -> tuple[reconcile.Plan, 
     return plan, apply(plan, obs), md
 
 
-def _canary_md() -> tuple[dict[str, Any], Observed, str]:
-    """Version 3 stable, version 4's canary ready (one replica each), analysis configured."""
+def _stable_md(**observed: Any) -> tuple[dict[str, Any], Observed]:
+    """Version 3 serving on one ready replica, a canary at 50% with analysis configured for the next."""
     md = md_body(targets=[{"name": "cpu", "cpu": True, "replicas": 1}],
                  rollout={"canaryTrafficPercent": 50, "canaryAnalysis": dict(ANALYSIS)})
-    _, obs, md = _plan(md, Observed(), T0)
+    _, obs, md = _plan(md, Observed(**observed), T0)
     verify(obs, "cpu", "key-v3")
     _, obs, md = _plan(md, obs, T0)
     _ready(obs, "resnet-cpu")
     _, obs, md = _plan(md, obs, T0)
+    return md, obs
+
+
+def _canary_md(**observed: Any) -> tuple[dict[str, Any], Observed, str]:
+    """Version 3 stable, version 4's canary ready (one replica each), analysis configured."""
+    md, obs = _stable_md(**observed)
     md = _new_version(md, "4")
     _, obs, md = _plan(md, obs, T0)
     verify(obs, "cpu", "key-v4")
@@ -139,22 +145,21 @@ def test_a_canary_over_its_error_bound_is_rolled_back_naming_the_cause() -> None
     assert event.type == "Warning" and "ErrorRate" in event.message and "50.0%" in event.message
     assert st["canaryRevision"] == "-" and not reconcile.rollout_unsettled(md["spec"], st)
     assert old.get("rolledBack") is None
+    rolled_back_line = f"revision {v4} rolled back (ErrorRate): canary error rate 50.0%"
+    assert st["message"].startswith(rolled_back_line), "the MESSAGE column names the rollback"
 
+    _ready(obs, "resnet-cpu")
     plan, obs, md = _plan(md, obs, T2)
     assert not plan.apply and not plan.delete and not plan.events, "a rolled-back revision stays rolled back"
     assert md["status"]["canary"]["verdict"] == "Fail" and md["status"]["canary"]["revision"] == v4
+    assert md["status"]["message"].startswith(rolled_back_line), "also once the stable revision serves again"
     md = _new_version(md, "5")
     plan, obs, md = _plan(md, obs, T2)
     assert not [c for c in md["status"]["conditions"] if c["type"] == "RolledBack"], "a new revision clears it"
 
 
 def test_a_new_revision_whose_golden_check_fails_is_rolled_back() -> None:
-    md = md_body(targets=[{"name": "cpu", "cpu": True, "replicas": 1}],
-                 rollout={"canaryTrafficPercent": 50, "canaryAnalysis": dict(ANALYSIS)})
-    _, obs, md = _plan(md, Observed(), T0)
-    verify(obs, "cpu", "key-v3")
-    _, obs, md = _plan(md, obs, T0)
-    _ready(obs, "resnet-cpu")
+    md, obs = _stable_md()
     md = _new_version(md, "4")
     _, obs, md = _plan(md, obs, T0)
     fail(obs, "cpu", reason="VerificationFailed")

@@ -162,3 +162,10 @@ def test_the_dashboard_is_off_by_default(helm: str) -> None:
     res = run(helm, "template", "kubetrt", str(REPO / "helm" / "kubetrt"), "-n", "kubetrt-system")
     assert res.returncode == 0, res.stderr
     assert not [d for d in yaml.safe_load_all(res.stdout) if d and d["kind"] == "ConfigMap"]
+
+
+@pytest.mark.parametrize("metric", ["concurrency", "queue"])
+def test_kedas_query_selects_only_what_the_scraped_series_carry(promql: Path, series: tuple[set[str], set[str]],
+                                                                metric: str) -> None:
+    md = {"metadata": {"name": "m", "namespace": "ns"}}
+    assert problems(promql, [(objects.keda_query(md, {"name": "cpu"}, metric), "")], *series) == []

@@ -127,7 +127,8 @@ def without_helm_only_labels(dep: dict[str, Any]) -> dict[str, Any]:
 
 def test_generated_operator_files_match_the_python_source_of_truth() -> None:
     files = install.generated_files()
-    assert set(files) == {REPO / "manifests/05-operator.yaml", CHART / "templates/deployment.yaml"}
+    assert set(files) == {REPO / "manifests/05-operator.yaml", CHART / "templates/deployment.yaml",
+                          CHART / "files/grafana-dashboard.json"}
     stale = [str(p) for p, content in files.items() if not p.exists() or p.read_text() != content]
     assert not stale, f"regenerate with `python -m kubetrt.operators.install --write`: {stale}"
     assert install.main(["--check"]) == 0
@@ -194,6 +195,11 @@ def test_every_env_var_of_the_operator_is_read_by_its_code() -> None:
         if name == names.ENV_POD_DISRUPTION_BUDGETS:  # a switch: any other value is refused, naming it
             assert OperatorConfig.from_env({name: "false"}) != OperatorConfig()
             with pytest.raises(ValueError, match=f"{name}='12345': expected true or false"):
+                OperatorConfig.from_env({name: "12345"})
+            continue
+        if name == names.ENV_PROMETHEUS_URL:  # a URL: anything else is refused, naming it
+            assert OperatorConfig.from_env({name: "http://prometheus:9090/"}).prometheus_url == "http://prometheus:9090"
+            with pytest.raises(ValueError, match=f"{name}='12345': expected an http:// or https:// URL"):
                 OperatorConfig.from_env({name: "12345"})
             continue
         changed = OperatorConfig.from_env({name: "12345"})

@@ -22,6 +22,10 @@ def apply(plan: reconcile.Plan, observed: Observed) -> Observed:
     out = copy.deepcopy(observed)
     table = {"EngineBuild": out.engine_builds, "Deployment": out.deployments, "Service": out.services,
              "HorizontalPodAutoscaler": out.autoscalers, "PodDisruptionBudget": out.disruption_budgets}
+    for kind, served in (("ServiceMonitor", out.service_monitors), ("HTTPRoute", out.http_routes),
+                         ("ScaledObject", out.scaled_objects)):
+        if served is not None:  # the CRD is installed
+            table[kind] = served
     for obj in plan.create + plan.apply:
         table[obj["kind"]][obj["metadata"]["name"]] = copy.deepcopy(obj)
     for _, kind, name in plan.delete:
@@ -375,6 +379,19 @@ def test_engine_build_status_follows_its_job() -> None:
     # result its pods wrote says why.
     st = status.engine_build_status(eb, failed, [_pod(unverified)])
     assert (st["phase"], st["reason"], st["message"]) == ("Failed", "VerificationFailed", "err 0.4 > 0.01")
+
+
+def test_a_refused_engine_fails_the_build_at_its_first_pod_not_after_the_jobs_retries() -> None:
+    eb = _eb()
+    unverified = json.dumps({"engineKey": "", "verified": False, "report": {"summary": "err 0.4 > 0.01"}})
+    retrying = {"status": {"active": 1, "failed": 1}}  # the Job started its second pod
+    refused = _pod(unverified)
+    st = status.engine_build_status(eb, retrying, [refused, {"status": {"phase": "Running"}}])
+    assert (st["phase"], st["reason"], st["message"]) == ("Failed", "VerificationFailed", "err 0.4 > 0.01")
+    assert st["completionTime"] == "2026-01-01T00:10:00Z"
+    crashed = _pod("Traceback ...\nOSError: connection reset")
+    crashed["status"]["phase"] = "Failed"
+    assert status.engine_build_status(eb, retrying, [crashed])["phase"] == "Running", "other failures are retried"
 
 
 def test_terminal_build_status_is_final_and_needs_no_job() -> None:

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from kubetrt.operators import names, rollout
+from kubetrt.operators import names, reconcile, rollout
 from kubetrt.operators.reconcile import Observed
 
 from operator_testlib import md_body
@@ -109,9 +109,9 @@ def _ready(obs: Observed, name: str) -> None:
     dep["status"] = {"observedGeneration": 1, "updatedReplicas": n, "readyReplicas": n, "replicas": n}
 
 
-def _serving(md: dict[str, Any]) -> tuple[Observed, str]:
-    """``md`` serving version 3 on its stable Deployment."""
-    _, obs = converge(md, Observed())
+def _serving(md: dict[str, Any], world: Observed | None = None) -> tuple[Observed, str]:
+    """``md`` serving version 3 on its stable Deployment (in ``world``: which CRDs it serves)."""
+    _, obs = converge(md, world or Observed())
     verify(obs, "cpu", "key-v3")
     _, obs = converge(md, obs)
     _ready(obs, "resnet-cpu")
@@ -123,6 +123,21 @@ def _new_version(md: dict[str, Any], version: str) -> dict[str, Any]:
     md["spec"]["model"]["version"] = version
     md["metadata"]["generation"] += 1
     return md
+
+
+def _canary_verified(md: dict[str, Any], hpa_replicas: int | None = None, world: Observed | None = None
+                     ) -> tuple[dict[str, Any], Observed, reconcile.Plan, str]:
+    """``md`` serving version 3, then version 4 asked for and its engine verified: (``md`` at version
+    4, the world after the plan that follows the verification, that plan, version 3's revision).
+    ``hpa_replicas``: the stable count an HPA set meanwhile."""
+    obs, v3 = _serving(md, world)
+    if hpa_replicas is not None:
+        obs.deployments["resnet-cpu"]["spec"]["replicas"] = hpa_replicas
+    md = _new_version(md, "4")
+    _, obs = converge(md, obs)
+    verify(obs, "cpu", "key-v4")
+    plan, obs = converge(md, obs)
+    return md, obs, plan, v3
 
 
 def test_without_rollout_a_new_revision_rolls_the_stable_deployment_once_verified() -> None:
@@ -143,12 +158,7 @@ def test_without_rollout_a_new_revision_rolls_the_stable_deployment_once_verifie
 
 
 def test_canary_comes_up_beside_the_stable_revision_then_takes_its_share() -> None:
-    md = _cpu_md(canaryTrafficPercent=30)
-    obs, v3 = _serving(md)
-    md = _new_version(md, "4")
-    _, obs = converge(md, obs)
-    verify(obs, "cpu", "key-v4")
-    plan, obs = converge(md, obs)
+    md, obs, plan, v3 = _canary_verified(_cpu_md(canaryTrafficPercent=30))
     canary = obs.deployments["resnet-cpu-canary"]
     assert flag(canary, "--model-version") == "4" and canary["spec"]["replicas"] == 2  # ceil(4 * 0.3)
     assert canary["spec"]["selector"]["matchLabels"][names.LABEL_TRACK] == names.TRACK_CANARY
@@ -174,12 +184,7 @@ def test_canary_comes_up_beside_the_stable_revision_then_takes_its_share() -> No
 
 
 def test_promotion_rolls_the_stable_deployment_and_removes_the_canary_once_it_runs_the_revision() -> None:
-    md = _cpu_md(canaryTrafficPercent=30)
-    obs, _ = _serving(md)
-    md = _new_version(md, "4")
-    _, obs = converge(md, obs)
-    verify(obs, "cpu", "key-v4")
-    _, obs = converge(md, obs)
+    md, obs, _, _ = _canary_verified(_cpu_md(canaryTrafficPercent=30))
     _ready(obs, "resnet-cpu-canary")
     _, obs = converge(md, obs)
     v4 = rollout.deployment_revision(obs.deployments["resnet-cpu-canary"])
@@ -197,12 +202,7 @@ def test_promotion_rolls_the_stable_deployment_and_removes_the_canary_once_it_ru
 
 
 def test_a_third_version_drops_the_canary_of_the_second() -> None:
-    md = _cpu_md(canaryTrafficPercent=50)
-    obs, v3 = _serving(md)
-    md = _new_version(md, "4")
-    _, obs = converge(md, obs)
-    verify(obs, "cpu", "key-v4")
-    _, obs = converge(md, obs)
+    md, obs, _, v3 = _canary_verified(_cpu_md(canaryTrafficPercent=50))
     md = _new_version(md, "5")
     plan, obs = converge(md, obs)
     assert ("apps/v1", "Deployment", "resnet-cpu-canary") in plan.delete
@@ -213,12 +213,7 @@ def test_a_third_version_drops_the_canary_of_the_second() -> None:
 def test_autoscaled_stable_keeps_the_hpa_count_and_the_canary_gets_its_share() -> None:
     md = _cpu_md(canaryTrafficPercent=25)
     md["spec"]["autoscaling"] = {"enabled": True, "minReplicas": 2, "maxReplicas": 8}
-    obs, _ = _serving(md)
-    obs.deployments["resnet-cpu"]["spec"]["replicas"] = 6  # set by the HPA
-    md = _new_version(md, "4")
-    _, obs = converge(md, obs)
-    verify(obs, "cpu", "key-v4")
-    plan, obs = converge(md, obs)
+    md, obs, plan, _ = _canary_verified(md, hpa_replicas=6)
     assert obs.deployments["resnet-cpu-canary"]["spec"]["replicas"] == 2  # ceil(6 * 25 / 75)
     assert not [o for o in plan.apply if o["metadata"]["name"] == "resnet-cpu"], "the HPA owns the stable count"
     (hpa,) = obs.autoscalers.values()
