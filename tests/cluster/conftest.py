@@ -75,7 +75,10 @@ def release(agent: NodeAgent) -> Iterator[Release]:
     """`helm install kubetrt helm/kubetrt` on a cluster with no kubetrt objects (test_install.py
     applies manifests/ first and deletes them again)."""
     say("helm install kubetrt helm/kubetrt (images of scripts/e2e-images.sh)")
+    # A Prometheus address: autoscaling on load becomes a KEDA ScaledObject once KEDA's CRD is installed
+    # (test_rollouts.py); no Prometheus runs here, KEDA's schema checks the object.
     helm("install", RELEASE, "helm/kubetrt", "-n", OPERATOR_NAMESPACE, "--create-namespace", *helm_values(),
+         "--set", "operator.prometheusURL=http://prometheus-operated.monitoring.svc:9090",
          "--wait", "--timeout", "180s")
     rel = Release(OPERATOR_NAMESPACE, f"{RELEASE}-operator")
 

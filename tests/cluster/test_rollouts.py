@@ -4,7 +4,9 @@ replica counts), then promoted, under a client querying throughout that sees no 
 a canary analysis (the canary pods' /metrics read through the API server's pod proxy) promoting a
 canary within bounds, rolling back one whose pods fail requests (serving's fault injection,
 KUBETRT_FAULT_ERROR_RATE, set on the canary Deployment), and rolling back a revision whose engine
-fails its golden check.
+fails its golden check. The real CRDs of the Gateway API, KEDA and the Prometheus Operator
+(upstream_crds.py) validate the HTTPRoute whose weights follow the canary, the ScaledObject that
+replaces the HPA once KEDA's CRD is served, and the ServiceMonitor.
 """
 from __future__ import annotations
 
@@ -17,6 +19,7 @@ from typing import Any, Iterator
 import pytest
 import yaml
 
+import upstream_crds
 from kube_cluster import Release, kubectl, kubectl_json, say, wait_until
 from kubetrt.operators import names, rollout
 from node_agent import NodeAgent
@@ -25,6 +28,8 @@ from test_workflow import NS, Client, Flow, _dump, _pod_ready, ready, serving_po
 pytestmark = pytest.mark.cluster
 
 NAME = "rollout-cnn"
+STABLE_SVC, CANARY_SVC = names.track_service_name(NAME, "stable"), names.track_service_name(NAME, "canary")
+GATEWAY = {"name": "public", "namespace": NS, "sectionName": "http"}  # no Gateway controller here: not programmed
 
 
 def show(flow: Flow, what: str) -> dict[str, Any]:
@@ -55,20 +60,41 @@ def canary_flow(model: Any, release: Release, agent: NodeAgent, tmp_path_factory
                 ) -> Iterator[Flow]:
     md = model.model_deployment()
     md["metadata"] = {"name": NAME, "namespace": NS}
-    md["spec"]["rollout"] = {"canaryTrafficPercent": 50}
+    md["spec"]["rollout"] = {"canaryTrafficPercent": 50, "gateway": dict(GATEWAY)}
     (target,) = md["spec"]["targets"]
     target["replicas"] = 1
     path = tmp_path_factory.mktemp("rollout") / "modeldeployment.yaml"
     path.write_text(yaml.safe_dump(md, sort_keys=False))
     flow = Flow(md, path, NAME, target["name"], {})
-    say(f"kubectl apply -f modeldeployment.yaml ({NAME}: canaryTrafficPercent 50, one replica)")
+    upstream_crds.install(upstream_crds.HTTP_ROUTE)
+    say(f"kubectl apply -f modeldeployment.yaml ({NAME}: canaryTrafficPercent 50, one replica, gateway {GATEWAY})")
     kubectl("apply", "-f", str(path))
     wait_until(f"{NAME} Ready", lambda: ready(flow), timeout=420, period=2, detail=lambda: _dump(flow, agent))
+    # The operator asks API discovery again a minute after it last did: any sync then makes the route.
+    wait_until("the HTTPRoute of the ModelDeployment, to the stable track only",
+               lambda: _poke(flow) or route_weights() == {STABLE_SVC: 100}, timeout=150, period=5,
+               detail=lambda: _dump(flow, agent))
     yield flow
     kubectl("delete", "modeldeployment", NAME, "-n", NS, "--wait=true", "--timeout=120s", check=False, timeout=180)
     wait_until(f"the objects of {NAME} deleted", lambda: not kubectl(
         "get", "deployment,pod,enginebuild", "-n", NS, "-l", f"{names.LABEL_MD}={NAME}", "-o", "name").stdout.split(),
         timeout=180, period=1)
+
+
+def _poke(flow: Flow) -> None:
+    """Make the operator sync the ModelDeployment now (a serving pod's event does)."""
+    for pod in serving_pods(flow)[:1]:
+        kubectl("annotate", "pod", pod["metadata"]["name"], "-n", NS, f"kubetrt.io/poke={time.time()}", "--overwrite",
+                check=False)
+
+
+def route_weights() -> dict[str, int] | None:
+    """The HTTPRoute's backends and weights, as the API server stores it (None if absent)."""
+    found = kubectl("get", "httproute", NAME, "-n", NS, "-o", "json", check=False)
+    if found.returncode != 0:
+        return None
+    (rule,) = json.loads(found.stdout)["spec"]["rules"]
+    return {b["name"]: b["weight"] for b in rule["backendRefs"]}
 
 
 def _patch(flow: Flow, spec: dict[str, Any]) -> None:
@@ -106,6 +132,21 @@ def test_canary_revision_beside_the_stable_one_then_promoted_with_no_failed_requ
         assert (by_name[v2]["role"], by_name[v2]["modelVersion"], by_name[v2]["trafficPercent"]) == ("canary", "2", 50)
         svc = kubectl_json("get", "service", NAME, "-n", NS)["spec"]["selector"]
         assert names.LABEL_REVISION not in svc and names.LABEL_TRACK not in svc, "the Service selects both revisions"
+        weights = wait_until("the HTTPRoute's weights 50/50", lambda: route_weights() == {STABLE_SVC: 50, CANARY_SVC: 50}
+                             and route_weights(), timeout=60)
+        route = kubectl_json("get", "httproute", NAME, "-n", NS)
+        say(f"HTTPRoute {NAME} during the canary: weights {weights}, parentRefs {route['spec']['parentRefs']}")
+        assert route["spec"]["parentRefs"][0]["name"] == GATEWAY["name"]
+        assert route["metadata"]["ownerReferences"][0]["name"] == NAME
+        traffic = flow.get()["status"]["traffic"]
+        say(f"status.traffic: {traffic}")
+        assert (traffic["mechanism"], traffic["canaryWeight"]) == ("HTTPRoute", 50), traffic
+        for track, svc_name in (("stable", STABLE_SVC), ("canary", CANARY_SVC)):
+            endpoints = kubectl_json("get", "endpointslices", "-n", NS, "-l", f"kubernetes.io/service-name={svc_name}")
+            ips = {a for es in endpoints["items"] for e in es.get("endpoints") or [] for a in e["addresses"]}
+            pods = {p["status"].get("podIP") for p in serving_pods(flow)
+                    if p["metadata"]["labels"].get(names.LABEL_TRACK) == track}
+            assert ips and ips <= pods, f"{svc_name} selects only its track's pods: {ips} vs {pods}"
         time.sleep(3)
         reached = set(client.addresses)
 
@@ -122,6 +163,8 @@ def test_canary_revision_beside_the_stable_one_then_promoted_with_no_failed_requ
         time.sleep(2)
     st = show(flow, "promoted: one revision")
     assert [(r["name"], r["role"], r["trafficPercent"]) for r in st["revisions"]] == [(v2, "stable", 100)]
+    say(f"HTTPRoute {NAME} after the promotion: weights {route_weights()}")
+    assert route_weights() == {STABLE_SVC: 100}
     say(f"canary and promotion: {client.ok} requests answered, {len(client.failures)} failed, "
         f"{len(client.addresses)} pod addresses reached")
     assert len(reached) >= 2, f"the client never reached both revisions: {reached}"
@@ -182,8 +225,10 @@ def test_canary_failing_requests_is_rolled_back(canary_flow: Flow, model: Any, a
         wait_until("the canary Deployment", lambda: canary in _deployments(flow), timeout=300, period=1,
                    detail=lambda: _dump(flow, agent))
         kubectl("set", "env", f"deployment/{canary}", "-n", NS, "KUBETRT_FAULT_ERROR_RATE=0.5")
+        seen_weights: list[dict[str, int] | None] = []
 
         def rolled_back() -> dict[str, Any] | None:
+            seen_weights.append(route_weights())
             back = (flow.get().get("status") or {}).get("rolledBack") or {}
             return back if back.get("revision", "").startswith("v4-") else None
         back = wait_until("the canary rolled back", rolled_back, timeout=300, period=1,
@@ -194,6 +239,11 @@ def test_canary_failing_requests_is_rolled_back(canary_flow: Flow, model: Any, a
         time.sleep(3)
     st = show(flow, "rolled back on the canary's error rate")
     say(f"rolledBack: {back}")
+    say(f"HTTPRoute {NAME} weights seen during the canary: {[w for i, w in enumerate(seen_weights) if w != seen_weights[i - 1] or not i]}; "
+        f"after the rollback: {route_weights()}")
+    assert {STABLE_SVC: 50, CANARY_SVC: 50} in seen_weights, "the route gave the ready canary its share"
+    assert route_weights() == {STABLE_SVC: 100}, "rolled back: the route sends everything to the stable track"
+    assert st["message"].startswith(f"revision {back['revision']} rolled back (ErrorRate): canary error rate"), st["message"]
     assert back["reason"] == "ErrorRate" and "over maxErrorRate 5.0%" in back["message"], back
     cond = next(c for c in st["conditions"] if c["type"] == "RolledBack")
     assert cond["status"] == "True" and cond["reason"] == "ErrorRate"
@@ -243,29 +293,38 @@ def test_a_revision_failing_its_golden_check_is_rolled_back(canary_flow: Flow, m
         time.sleep(1)
         say(f"version 3 -> 5 from {uri} (engine store {store}), whose golden outputs the engine cannot match")
         _patch(flow, {"model": {"version": "5", "source": {"uri": uri}}, "store": {"uri": store}})
+        started = time.monotonic()
 
         def rolled_back() -> dict[str, Any] | None:
             back = (flow.get().get("status") or {}).get("rolledBack") or {}
             return back if back.get("revision", "").startswith("v5-") else None
         back = wait_until("version 5 rolled back on its golden check", rolled_back, timeout=300, period=1,
                           detail=lambda: _dump(flow, agent))
+        say(f"rolled back {time.monotonic() - started:.0f}s after the change (the build's first refusal, no retries)")
         time.sleep(3)
     st = show(flow, "rolled back on a failed golden check")
     say(f"rolledBack: {back}")
     assert back["reason"] == "GoldenCheckFailed" and "VerificationFailed" in back["message"], back
     assert _settled(flow, v3) and st["currentRevision"] == v3
     assert [e for e in _events(flow, "RolledBack") if back["revision"] in e["message"]]
+    assert st["message"].startswith(f"revision {back['revision']} rolled back (GoldenCheckFailed)"), st["message"]
     say(f"golden-check rollback: {client.ok} requests answered, {len(client.failures)} failed")
     assert client.failures == [], client.failures[:10]
 
 
 # ----------------------------------------------------------------------------- autoscaling on load
-def test_the_hpa_scales_on_the_chosen_metric(canary_flow: Flow) -> None:
+PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"  # the release's operator.prometheusURL (conftest)
+
+
+def test_the_hpa_scales_on_the_chosen_metric_and_a_scaled_object_once_keda_is_there(canary_flow: Flow) -> None:
     hpa_name = f"{NAME}-{canary_flow.cpu_target}"
 
+    def get(kind: str) -> dict[str, Any] | None:
+        found = kubectl("get", kind, hpa_name, "-n", NS, "-o", "json", check=False)
+        return json.loads(found.stdout) if found.returncode == 0 else None
+
     def hpa_metric() -> list[dict[str, Any]] | None:
-        found = kubectl("get", "hpa", hpa_name, "-n", NS, "-o", "json", check=False)
-        return json.loads(found.stdout)["spec"]["metrics"] if found.returncode == 0 else None
+        return (get("hpa") or {}).get("spec", {}).get("metrics")
     try:
         for metric, name in (("concurrency", "kubetrt_inflight_requests"), ("queue", "kubetrt_queue_depth")):
             say(f"spec.autoscaling: enabled, metric {metric}, targetAverageValue 3")
@@ -277,8 +336,31 @@ def test_the_hpa_scales_on_the_chosen_metric(canary_flow: Flow) -> None:
             say(f"HPA {hpa_name}: {json.dumps(got)}")
         hpa = kubectl_json("get", "hpa", hpa_name, "-n", NS)
         assert hpa["spec"]["scaleTargetRef"] == {"apiVersion": "apps/v1", "kind": "Deployment", "name": hpa_name}
+        auto = canary_flow.get()["status"]["autoscaling"]
+        say(f"status.autoscaling: {auto}")
+        assert auto["mechanism"] == "HPA" and "KEDA's ScaledObject CRD is not served" in auto["message"], auto
+
+        upstream_crds.install(upstream_crds.SCALED_OBJECT)
+
+        def scaled() -> dict[str, Any] | None:
+            _poke(canary_flow)  # the operator asks discovery again a minute after it last did
+            return get("scaledobject") if get("hpa") is None else None
+        so = wait_until("a KEDA ScaledObject in place of the HPA", scaled, timeout=150, period=5)
+        say(f"ScaledObject {hpa_name}: {json.dumps(so['spec'])}")
+        (trigger,) = so["spec"]["triggers"]
+        assert trigger["type"] == "prometheus" and trigger["metadata"]["serverAddress"] == PROMETHEUS_URL
+        assert trigger["metadata"]["query"].startswith("sum(kubetrt_queue_depth{") and \
+            trigger["metadata"]["threshold"] == "3"
+        assert so["spec"]["scaleTargetRef"]["name"] == hpa_name and so["metadata"]["ownerReferences"][0]["name"] == NAME
+        auto = wait_until("status.autoscaling KEDA", lambda: (canary_flow.get()["status"].get("autoscaling") or {})
+                          .get("mechanism") == "KEDA" and canary_flow.get()["status"]["autoscaling"], timeout=30)
+        say(f"status.autoscaling: {auto}")
+        events = [e["message"] for e in _events(canary_flow, "Autoscaling")]
+        assert any(m.startswith("KEDA: ") for m in events), events
+
         _patch(canary_flow, {"autoscaling": {"metric": "cpu"}})
-        wait_until("the HPA back on CPU utilization", lambda: (hpa_metric() or [{}])[0].get("type") == "Resource",
+        wait_until("the HPA back on CPU utilization (KEDA or not), the ScaledObject gone",
+                   lambda: (hpa_metric() or [{}])[0].get("type") == "Resource" and get("scaledobject") is None,
                    timeout=60)
     finally:
         _patch(canary_flow, {"autoscaling": {"enabled": False}})
@@ -286,17 +368,6 @@ def test_the_hpa_scales_on_the_chosen_metric(canary_flow: Flow) -> None:
 
 
 # ----------------------------------------------------------------------------- disruption budgets, monitoring
-SERVICE_MONITOR_CRD = {
-    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
-    "metadata": {"name": "servicemonitors.monitoring.coreos.com"},
-    "spec": {"group": "monitoring.coreos.com", "scope": "Namespaced",
-             "names": {"plural": "servicemonitors", "singular": "servicemonitor", "kind": "ServiceMonitor",
-                       "listKind": "ServiceMonitorList"},
-             "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
-                 "type": "object", "x-kubernetes-preserve-unknown-fields": True}}}]},
-}
-
-
 def test_each_target_has_a_disruption_budget(canary_flow: Flow) -> None:
     pdb = kubectl_json("get", "poddisruptionbudget", f"{NAME}-{canary_flow.cpu_target}", "-n", NS)
     say(f"PodDisruptionBudget {pdb['metadata']['name']}: maxUnavailable {pdb['spec']['maxUnavailable']}, "
@@ -314,16 +385,13 @@ def test_each_target_has_a_disruption_budget(canary_flow: Flow) -> None:
 
 def test_a_service_monitor_once_the_prometheus_operators_crd_is_installed(canary_flow: Flow) -> None:
     assert kubectl("get", "servicemonitors", "-n", NS, check=False).returncode != 0, "no such CRD yet"
-    say("installing the ServiceMonitor CRD (monitoring.coreos.com/v1): the operator detects it by API discovery")
-    kubectl("apply", "-f", "-", stdin=yaml.safe_dump(SERVICE_MONITOR_CRD))
+    say("the operator detects the ServiceMonitor CRD by API discovery")
+    upstream_crds.install(upstream_crds.SERVICE_MONITOR)
     try:
-        kubectl("wait", "--for=condition=Established", "--timeout=60s", "crd/servicemonitors.monitoring.coreos.com")
 
         def monitor() -> dict[str, Any] | None:
             # any sync of the ModelDeployment notices the CRD once the discovery cache expires (a minute)
-            (pod, *_) = serving_pods(canary_flow)
-            kubectl("annotate", "pod", pod["metadata"]["name"], "-n", NS, f"kubetrt.io/poke={time.time()}",
-                    "--overwrite")
+            _poke(canary_flow)
             found = kubectl("get", "servicemonitor", NAME, "-n", NS, "-o", "json", check=False)
             return json.loads(found.stdout) if found.returncode == 0 else None
         sm = wait_until("the ServiceMonitor of the ModelDeployment", monitor, timeout=150, period=5)
@@ -331,5 +399,8 @@ def test_a_service_monitor_once_the_prometheus_operators_crd_is_installed(canary
         assert sm["spec"]["endpoints"] == [{"port": "http", "path": "/metrics"}]
         assert sm["spec"]["selector"]["matchLabels"][names.LABEL_MD] == NAME
         assert sm["metadata"]["ownerReferences"][0]["name"] == NAME
+        assert names.LABEL_REVISION in sm["spec"]["podTargetLabels"] and names.LABEL_MD in sm["spec"]["podTargetLabels"]
+        excluded = {e["key"] for e in sm["spec"]["selector"]["matchExpressions"]}
+        assert excluded == {names.LABEL_ROLE, names.LABEL_TRACK}, "the fallback and track Services are not scraped"
     finally:
         kubectl("delete", "crd", "servicemonitors.monitoring.coreos.com", "--wait=false", check=False)

@@ -100,6 +100,12 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
      'Unsupported value: "gpu"'),
     ("scale-to-zero", _set("spec.autoscaling", {"enabled": True, "metric": "concurrency", "minReplicas": 0}),
      "spec.autoscaling.minReplicas in body should be greater than or equal to 1"),
+    ("gateway-without-name", _set("spec.rollout", {"gateway": {"namespace": "infra"}}),
+     "spec.rollout.gateway.name: Required value"),
+    ("gateway-bad-listener", _set("spec.rollout", {"gateway": {"name": "public", "sectionName": "HTTPS!"}}),
+     "spec.rollout.gateway.sectionName in body should match"),
+    ("gateway-bad-hostname", _set("spec.rollout", {"gateway": {"name": "public", "hostnames": ["not a host"]}}),
+     "spec.rollout.gateway.hostnames[0] in body should match"),
     ("canary-p99-zero", _set("spec.rollout", {"canaryTrafficPercent": 10,
                                               "canaryAnalysis": {"maxP99Milliseconds": 0}}),
      crds.MAX_P99_POSITIVE),
@@ -127,6 +133,14 @@ def test_api_server_rejects(release: Release, case: str, change: Callable[[dict[
     print(f"{case}: {err.strip()}", flush=True)
     assert code != 0, f"{case}: the API server accepted {json.dumps(obj['spec'])}"
     assert message in err, f"{case}: expected {message!r} in:\n{err}"
+
+
+def test_a_gateway_reference_is_accepted(release: Release) -> None:
+    obj = copy.deepcopy(GOOD)
+    obj["spec"]["rollout"] = {"canaryTrafficPercent": 10, "gateway": {
+        "name": "public", "namespace": "infra", "sectionName": "https", "hostnames": ["resnet.example.com", "*.ml.example.com"]}}
+    code, err = _create(obj)
+    assert code == 0, err
 
 
 def test_engine_build_spec_is_immutable(release: Release) -> None:
