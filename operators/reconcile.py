@@ -241,7 +241,10 @@ def plan_model_deployment(md: Mapping[str, Any], observed: Observed, config: Ope
             again.events = model_deployment_events(old_status, again.status)
             again.decided = True
             return again
-    _rollout_status(plan.status, canary_state, old_status, rolled_back if held_back else None, want_rev, now)
+    # While a revision is rolled back, a failed build of the spec's revision is that rollback's cause.
+    other_trouble = any(status.problem(v) and status.build_phase(v.build) != "Failed" for v in views)
+    _rollout_status(plan.status, canary_state, old_status, rolled_back if held_back else None, want_rev, now,
+                    other_trouble)
     plan.events = model_deployment_events(old_status, plan.status)
     return plan
 
@@ -305,9 +308,10 @@ def judge_canary(spec: Mapping[str, Any], views: Sequence[status.TargetView], ob
 
 
 def _rollout_status(st: dict[str, Any], canary_state: Mapping[str, Any] | None, old: Mapping[str, Any],
-                    rolled_back: Mapping[str, Any] | None, want_rev: str, now: str) -> None:
+                    rolled_back: Mapping[str, Any] | None, want_rev: str, now: str, other_trouble: bool = False) -> None:
     """The analysis' part of a status: ``canary`` (None clears it), the remembered decisions, and the
-    RolledBack condition while the spec's revision is rolled back."""
+    RolledBack condition while the spec's revision is rolled back, which ``message`` then names
+    (unless a target is degraded by something else: ``other_trouble``)."""
     decided = old.get("canary") or {}
     if canary_state:
         st["canary"] = dict(canary_state)
@@ -330,7 +334,8 @@ def _rollout_status(st: dict[str, Any], canary_state: Mapping[str, Any] | None, 
             "message": f"revision {rolled_back.get('revision')} rolled back ({rolled_back.get('reason', 'RolledBack')}): "
                        f"{rolled_back.get('message', '')}",
             "lastTransitionTime": prev.get("lastTransitionTime") if prev.get("status") == "True" else now})
-        st["message"] = status.summary(st["conditions"])  # names the rollback while the condition holds
+        if not other_trouble:
+            st["message"] = status.summary(st["conditions"], first="RolledBack")
 
 
 def _serving_builds(current: Mapping[str, Any] | None, in_use: Mapping[str, Any] | None, pct: int | None,

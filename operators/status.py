@@ -178,6 +178,11 @@ def _unready(view: TargetView) -> str:
     return "rolling out"
 
 
+def build_phase(eb: Mapping[str, Any] | None) -> str:
+    """An EngineBuild's phase (Pending until it has one)."""
+    return _phase(eb)
+
+
 def _phase(eb: Mapping[str, Any] | None) -> str:
     return str(((eb or {}).get("status") or {}).get("phase") or "Pending")
 
@@ -294,11 +299,12 @@ def _problem_reason(view: TargetView) -> str:
     return "TargetFailing"
 
 
-def summary(conds: Sequence[Mapping[str, Any]]) -> str:
+def summary(conds: Sequence[Mapping[str, Any]], first: str = "Degraded") -> str:
     """One line for `kubectl get`: what is wrong, else the rollback that holds (its revision and
-    cause), else what is in progress, else what serves."""
+    cause), else what is in progress, else what serves; ``first`` the condition that goes first
+    (RolledBack, when the only trouble is the rolled-back revision's failed build)."""
     by_type = {c["type"]: c for c in conds}
-    for ctype in ("Degraded", "RolledBack", "Progressing"):
+    for ctype in dict.fromkeys((first, "Degraded", "RolledBack", "Progressing")):
         cond = by_type.get(ctype) or {}
         if cond.get("status") == "True" and cond.get("message"):
             return str(cond["message"])

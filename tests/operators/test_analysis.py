@@ -166,6 +166,10 @@ def test_a_new_revision_whose_golden_check_fails_is_rolled_back() -> None:
     plan, obs, md = _plan(md, obs, T1)
     assert md["status"]["rolledBack"]["reason"] == "GoldenCheckFailed"
     assert "VerificationFailed" in md["status"]["rolledBack"]["message"]
+    rev = md["status"]["rolledBack"]["revision"]
+    assert md["status"]["message"].startswith(f"revision {rev} rolled back (GoldenCheckFailed): target cpu: "), \
+        "the failed build is the rollback's cause: MESSAGE names the rollback"
+    assert next(c for c in md["status"]["conditions"] if c["type"] == "Degraded")["status"] == "True"
     assert any(e.type == "Warning" and e.reason == "RolledBack" for e in plan.events)
     assert flag(obs.deployments["resnet-cpu"], "--model-version") == "3"
 
