@@ -14,6 +14,7 @@ import numpy as np
 from .errors import UnsupportedOpError
 from .graph import CAPTURES, Graph, Node
 from .kernels.registry import Run, Shape, lookup
+from .kernels.tensor import concat_grows_into_operand
 from .passes import optimize
 from .passes.shape_inference import spec_for
 
@@ -162,7 +163,8 @@ def compile_graph(graph: Graph, device: str = "host", fusion: bool = True, concu
         for vid in outs:
             if vid >= 0:
                 values[vid].producer = k.id
-                alias_root[vid] = alias_root.get(ins[0], ins[0]) if node.op in VIEW_OPS and ins and ins[0] >= 0 else vid
+                shares = node.op in VIEW_OPS or concat_grows_into_operand(node.op, node.attrs)
+                alias_root[vid] = alias_root.get(ins[0], ins[0]) if shares and ins and ins[0] >= 0 else vid
         k.operand_count = sum(1 for vid in ins if vid >= 0 and values[vid].const is None)
         kernels.append(k)
     for k in kernels:

@@ -131,7 +131,7 @@ def mul_add(spec: KernelSpec) -> Run:
             raise ValueError(f"MulAdd {spec.name}: expected float32 input with {width} values on its last axis, "
                              f"got {x.dtype}{list(x.shape)}")
         if jit.AVAILABLE:
-            return (jit.rows_affine(np.ascontiguousarray(x), scale, shift, relu),)
+            return (jit.rows_affine(x, scale, shift, relu),)
         y = x * scale + shift
         return (np.maximum(y, 0, out=y) if relu else y,)
 

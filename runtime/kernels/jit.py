@@ -621,6 +621,24 @@ if numba is not None:
                     y[j] = v[j] / x[j]
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+    def _rows_affine_at(flat, first, stride, scale, shift, floor, out, start, stop):
+        c = scale.shape[0]
+        for i in range(start, stop):
+            at = first + i * stride
+            x, y = flat[at:at + c], out[i]
+            for j in range(c):
+                y[j] = max(x[j] * scale[j] + shift[j], floor)
+
+    @njit(cache=True, nogil=True)
+    def _place_rows(rows, flat, first, stride, start, stop):
+        c = rows.shape[1]
+        for i in range(start, stop):
+            at = first + i * stride
+            y, x = flat[at:at + c], rows[i]
+            for j in range(c):
+                y[j] = x[j]
+
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
     def _rows_affine(a, scale, shift, floor, out, start, stop):
         c = scale.shape[0]
         for i in range(start, stop):
@@ -663,17 +681,58 @@ def _rows_joined(c: int, rows: int) -> int:
 
 
 def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool = False) -> np.ndarray:
-    """a * scale + shift in one pass (then max(., 0) with `relu`), for a C-contiguous float32 array
-    and vectors over its last axis (passes/affine.py composes a chain of per-channel
-    Mul/Add/Sub/Div into them)."""
+    """a * scale + shift in one pass (then max(., 0) with `relu`), for a float32 array and vectors
+    over its last axis (passes/affine.py composes a chain of per-channel Mul/Add/Sub/Div into them).
+    Rows of `a` may lie apart (a view of a growing Concat's buffer): they are read where they are."""
     c = scale.size
     rows = a.size // c
-    k = _rows_joined(c, rows)
-    out = np.empty_like(a)
+    out = np.empty(a.shape, a.dtype)
     floor = np.float32(0.0 if relu else -np.inf)
+    spaced = None if a.flags.c_contiguous else rows_in_buffer(a)
+    if spaced is not None:
+        flat, first, stride = spaced
+        run_split(_rows_affine_at, (flat, first, stride, scale, shift, floor, out.reshape(rows, c)), rows,
+                  a.size // ROW_VECTOR_PASSES)
+        return out
+    a = np.ascontiguousarray(a)
+    k = _rows_joined(c, rows)
     args = (a.reshape(rows // k, c * k), np.tile(scale, k), np.tile(shift, k), floor, out.reshape(rows // k, c * k))
     run_split(_rows_affine, args, rows // k, a.size // ROW_VECTOR_PASSES)
     return out
+
+
+def rows_in_buffer(a: np.ndarray) -> tuple[np.ndarray, int, int] | None:
+    """(the flat C-contiguous buffer `a` is a view of, the index of a's first element in it, the
+    elements from one row to the next) where a's rows (its last axis) are contiguous and evenly
+    spaced there, as the channels of a Concat's growing buffer are; else None."""
+    b = a.base
+    if type(b) is not np.ndarray or b.dtype != a.dtype or not b.flags.c_contiguous or a.ndim < 1 or a.size == 0:
+        return None
+    item = a.itemsize
+    if a.shape[-1] > 1 and a.strides[-1] != item:
+        return None
+    try:
+        rows = np.reshape(a, (a.size // a.shape[-1], a.shape[-1]), copy=False)
+    except ValueError:  # rows not evenly spaced
+        return None
+    first, rest = divmod(a.ctypes.data - b.ctypes.data, item)
+    stride = rows.strides[0] // item if rows.shape[0] > 1 else a.shape[-1]
+    if rest or rows.strides[0] % item or stride < a.shape[-1]:
+        return None
+    return b.reshape(-1), first, stride
+
+
+def place_rows(src: np.ndarray, dst: np.ndarray) -> None:
+    """dst[...] = src for a view `dst` whose rows lie apart in a buffer (rows_in_buffer), split
+    across the pool when large: NumPy's strided copy runs one short inner loop per row."""
+    spaced = rows_in_buffer(dst) if AVAILABLE and src.dtype == dst.dtype and src.shape == dst.shape else None
+    if spaced is None:
+        dst[...] = src
+        return
+    flat, first, stride = spaced
+    width = dst.shape[-1]
+    rows = np.ascontiguousarray(src).reshape(-1, width)
+    run_split(_place_rows, (rows, flat, first, stride), rows.shape[0], src.size // ROW_VECTOR_PASSES)
 
 
 def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, out: np.ndarray) -> np.ndarray:

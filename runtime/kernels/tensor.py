@@ -5,6 +5,7 @@ from typing import Any
 
 import numpy as np
 
+from . import jit
 from .primitive_chain import Link, linkable
 from .registry import TRANSPOSE_VIEW, ints, OutputShapes, KernelSpec, Run, norm_axis, register, unknown_outputs
 
@@ -161,10 +162,48 @@ def _concat_shape(spec: KernelSpec) -> OutputShapes:
     return [(tuple(out), spec.dtypes[0])]
 
 
+# A Concat along the last axis may hold `reserve` channels for the Concats after it and, with `grow`,
+# write after its first operand when that is a view of such a buffer (passes/concat_chains.py).
+CONCAT_RESERVE, CONCAT_GROW = "reserve", "grow"
+
+
+def concat_grows_into_operand(op: str, attrs: dict[str, Any]) -> bool:
+    """Whether a kernel's output may share memory with its first operand (a growing Concat's does)."""
+    return op == "Concat" and bool(attrs.get(CONCAT_GROW))
+
+
+def _buffer_of(x: np.ndarray, reserve: int) -> np.ndarray | None:
+    """The buffer of `reserve` channels whose leading channels `x` is a view of, or None."""
+    b = x.base
+    if (type(b) is not np.ndarray or b.dtype != x.dtype or b.shape[:-1] != x.shape[:-1] or b.shape[-1] != reserve
+            or not b.flags.c_contiguous or x.strides != b.strides or x.ctypes.data != b.ctypes.data):
+        return None
+    return b
+
+
 @register("Concat", _concat_shape)
 def concat(spec: KernelSpec) -> Run:
     axis = spec.attr("axis")
-    return lambda *xs: (np.concatenate(xs, axis=axis),)
+    reserve = int(spec.attr(CONCAT_RESERVE, 0))
+    if not reserve:
+        return lambda *xs: (np.concatenate(xs, axis=axis),)
+    grow = bool(spec.attr(CONCAT_GROW, 0))
+
+    def run(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        head = xs[0]
+        rows, width = head.shape[:-1], sum(x.shape[-1] for x in xs)
+        if width > reserve or any(x.shape[:-1] != rows or x.dtype != head.dtype for x in xs):
+            return (np.concatenate(xs, axis=axis),)  # not the shapes the chain was planned for: a plain copy, or its error
+        buf = _buffer_of(head, reserve) if grow else None
+        at, parts = (head.shape[-1], xs[1:]) if buf is not None else (0, xs)
+        if buf is None:
+            buf = np.empty(rows + (reserve,), head.dtype)
+        for x in parts:
+            jit.place_rows(x, buf[..., at:at + x.shape[-1]])
+            at += x.shape[-1]
+        return (buf[..., :at],)
+
+    return run
 
 
 SPLIT_SHAPES_KEPT = 64  # input shapes whose slices a Split keeps (dynamic dims bring new ones)
