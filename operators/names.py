@@ -96,6 +96,10 @@ SERVING_PORT = 8080
 SERVING_GRPC_PORT = 8081
 # Where a build Job's container writes its JSON result (terminationMessagePath, `kubetrt build`'s default).
 TERMINATION_LOG = "/dev/termination-log"
+# `kubetrt build`'s exit code when it refuses the build (verification failed, the package calibrated
+# with other data): the build Job's podFailurePolicy fails the Job at once, since a retry is refused too
+BUILD_REFUSED_EXIT_CODE = 3
+BUILD_CONTAINER = "build"
 
 # ----------------------------------------------------------------------------- label values, DNS labels
 # Label values: a GPU product as GPU Feature Discovery labels it, a ModelDeployment's name in a label.

@@ -19,6 +19,8 @@ from kubetrt.operators.names import (
     ANN_SPEC_HASH,
     API_VERSION,
     APP_NAME,
+    BUILD_CONTAINER,
+    BUILD_REFUSED_EXIT_CODE,
     ENV_BUILDER_IMAGE,
     ENV_BUILDER_IMAGE_GPU,
     ENV_CLUSTER_DOMAIN,
@@ -441,7 +443,7 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
     store, vols2, mounts2 = mount_uri(spec["store"]["uri"], "/mnt/store", "store", False)
     pod_labels = {**labels(md_name, "engine-build", target["name"]), LABEL_BUILD: name}
     container: Obj = {
-        "name": "build",
+        "name": BUILD_CONTAINER,
         "image": spec["image"],
         "imagePullPolicy": spec.get("pullPolicy", config.pull_policy),
         "command": ["kubetrt", "build", "--package", package, "--target", engine_target(target).spec(),
@@ -472,6 +474,9 @@ def build_job(eb: Mapping[str, Any], config: OperatorConfig) -> Obj:
                      "ownerReferences": [owner_reference(eb)]},
         "spec": {
             "backoffLimit": spec.get("backoffLimit", 2),
+            # a refused engine fails the Job now: its retries would build and refuse the same engine
+            "podFailurePolicy": {"rules": [{"action": "FailJob", "onExitCodes": {
+                "containerName": BUILD_CONTAINER, "operator": "In", "values": [BUILD_REFUSED_EXIT_CODE]}}]},
             "activeDeadlineSeconds": spec.get("activeDeadlineSeconds", 3600),
             "ttlSecondsAfterFinished": config.job_ttl_seconds,
             "template": {"metadata": {"labels": pod_labels}, "spec": pod_spec},

@@ -2,7 +2,9 @@
 
 This is the EngineBuild Job's command. It prints the engine key on stdout and, for the operator,
 writes a JSON result ({"engineKey", "verified", "reused", "uri", "report": {"summary"}}) to the
-termination log (/dev/termination-log when it exists, or --termination-log).
+termination log (/dev/termination-log when it exists, or --termination-log). It exits 0 on a
+verified engine, BUILD_REFUSED_EXIT_CODE (3) when it refuses one (verification failed, or the package
+was calibrated with other data), which fails the Job without its retries, and 1 on any other error.
 """
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kubetrt.operators.names import TERMINATION_LOG as DEFAULT_TERMINATION_LOG
+from kubetrt.operators.names import BUILD_REFUSED_EXIT_CODE, TERMINATION_LOG as DEFAULT_TERMINATION_LOG
 
 if TYPE_CHECKING:
     from kubetrt.runtime.package import Manifest
@@ -81,13 +83,13 @@ def run(args: argparse.Namespace) -> int:
         except PackageError as e:
             _write_result(args.termination_log, {"verified": False, "engineKey": "", "report": {"summary": str(e)}})
             print(f"kubetrt build: {e}", file=sys.stderr)
-            return 1
+            return BUILD_REFUSED_EXIT_CODE
         try:
             record = build_verify_publish(package, target, store, tmp, verify=False)  # fetching checked it
         except VerificationError as e:
             _write_result(args.termination_log, {"verified": False, "engineKey": "", "report": {"summary": str(e)}})
             print(f"kubetrt build: verification failed: {e}", file=sys.stderr)
-            return 1
+            return BUILD_REFUSED_EXIT_CODE
     _write_result(args.termination_log, {
         "engineKey": record.key, "verified": True, "reused": record.reused, "uri": record.uri,
         "report": {"summary": record.summary},

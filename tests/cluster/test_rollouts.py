@@ -311,6 +311,14 @@ def test_a_revision_failing_its_golden_check_is_rolled_back(canary_flow: Flow, m
     say(f"golden-check rollback: {client.ok} requests answered, {len(client.failures)} failed")
     assert client.failures == [], client.failures[:10]
 
+    def refused_job() -> dict[str, Any] | None:  # `kubetrt build` exits BUILD_REFUSED_EXIT_CODE on the refusal
+        jobs = kubectl_json("get", "jobs", "-n", NS, "-l", f"{names.LABEL_MD}={flow.name}")["items"]
+        return next((j for j in jobs if any(c.get("type") == "Failed" and c.get("reason") == "PodFailurePolicy"
+                                            for c in (j.get("status") or {}).get("conditions") or [])), None)
+    job = wait_until("the refused build's Job failed by its podFailurePolicy", refused_job, timeout=60, period=1,
+                     detail=lambda: kubectl("get", "jobs", "-n", NS, "-o", "wide").stdout)
+    assert job["status"].get("failed") == 1, job["status"]  # one pod: no retry built the refused engine again
+
 
 # ----------------------------------------------------------------------------- autoscaling on load
 PROMETHEUS_URL = "http://prometheus-operated.monitoring.svc:9090"  # the release's operator.prometheusURL (conftest)

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from kubetrt.cli import main
+from kubetrt.operators.names import BUILD_REFUSED_EXIT_CODE
 from kubetrt.pipeline import stages
 from kubetrt.runtime.package import (HELDOUT, MODEL_INT8_ONNX, MODEL_ONNX, HeldOut, load_golden, read_manifest,
                                      save_heldout, sha256_file, write_manifest)
@@ -72,7 +73,7 @@ def build(package: Path, target: str, tmp_path: Path, *extra: str) -> tuple[int,
 def test_int8_build_of_a_package_without_an_int8_model_is_refused_before_building(
         uncalibrated: Path, tmp_path: Path, builds: list, capsys: pytest.CaptureFixture[str]) -> None:
     rc, result = build(uncalibrated, "host:int8", tmp_path, "--calibration", f"file://{CALIBRATED_WITH}")
-    assert rc == 1 and builds == []
+    assert rc == BUILD_REFUSED_EXIT_CODE and builds == []
     assert (result["verified"], result["engineKey"]) == (False, "")
     assert "has no INT8 model" in result["report"]["summary"] and "--calibration DATA" in result["report"]["summary"]
     assert "has no INT8 model" in capsys.readouterr().err
@@ -83,7 +84,7 @@ def test_int8_build_of_a_stand_in_calibrated_package_with_other_data_is_refused_
         calibrated_stand_in: Path, tmp_path: Path, builds: list) -> None:
     other = "s3://datasets/resnet/other-calibration.npz"
     rc, result = build(calibrated_stand_in, "host:int8", tmp_path, "--calibration", other)
-    assert rc == 1 and builds == []
+    assert rc == BUILD_REFUSED_EXIT_CODE and builds == []
     summary = result["report"]["summary"]
     assert result["verified"] is False
     assert f"calibrated with {CALIBRATED_WITH}" in summary and f"calibration data {other}" in summary
