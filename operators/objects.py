@@ -650,6 +650,14 @@ def service(md: Mapping[str, Any], serve_role: str = ROLE_PRIMARY, name: str | N
     }
 
 
+def _target_metadata(md: Mapping[str, Any], target: Mapping[str, Any]) -> Obj:
+    """Metadata of an object that goes with one target's stable Deployment (its autoscaler, its
+    disruption budget): the Deployment's name, the target's serving labels, owned by the ModelDeployment."""
+    md_name = md["metadata"]["name"]
+    return {"name": deployment_name(md_name, target["name"]), "namespace": md["metadata"]["namespace"],
+            "labels": labels(md_name, "serving", target["name"]), "ownerReferences": [owner_reference(md)]}
+
+
 def autoscaler(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[str, Any]) -> Obj:
     """autoscaling/v2 HPA for one target's stable Deployment, on spec.autoscaling.metric."""
     md_name = md["metadata"]["name"]
@@ -658,9 +666,7 @@ def autoscaler(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mapping[s
     return {
         "apiVersion": "autoscaling/v2",
         "kind": "HorizontalPodAutoscaler",
-        "metadata": {"name": dep, "namespace": md["metadata"]["namespace"],
-                     "labels": labels(md_name, "serving", target["name"]),
-                     "ownerReferences": [owner_reference(md)]},
+        "metadata": _target_metadata(md, target),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep},
             "minReplicas": auto["minReplicas"],
@@ -689,9 +695,7 @@ def pod_disruption_budget(md: Mapping[str, Any], target: Mapping[str, Any]) -> O
     return {
         "apiVersion": "policy/v1",
         "kind": "PodDisruptionBudget",
-        "metadata": {"name": deployment_name(md_name, target["name"]), "namespace": md["metadata"]["namespace"],
-                     "labels": labels(md_name, "serving", target["name"]),
-                     "ownerReferences": [owner_reference(md)]},
+        "metadata": _target_metadata(md, target),
         # Serving pods only: the build Job's pods carry the model and target labels too, and a budget
         # over a Job's pods fails (a Job has no scale subresource).
         "spec": {"maxUnavailable": 1,
@@ -838,9 +842,7 @@ def scaled_object(md: Mapping[str, Any], spec: Mapping[str, Any], target: Mappin
     return {
         "apiVersion": api_version,
         "kind": kind,
-        "metadata": {"name": dep, "namespace": md["metadata"]["namespace"],
-                     "labels": labels(md_name, "serving", target["name"]),
-                     "ownerReferences": [owner_reference(md)]},
+        "metadata": _target_metadata(md, target),
         "spec": {
             "scaleTargetRef": {"apiVersion": "apps/v1", "kind": "Deployment", "name": dep},
             "minReplicaCount": auto["minReplicas"],
