@@ -65,6 +65,7 @@ step "running tests/cluster/test_install_docs.py, test_manifests.py (pytest -m c
 timeout 600 .venv/bin/python -m pytest -m cluster tests/cluster/test_install_docs.py tests/cluster/test_manifests.py \
   -q -s -p no:cacheprovider "$@" || status=$?
 done_step
+[ "$status" != 5 ] || status=0  # pytest's "no tests collected": arguments such as -k chose none of these
 if [ "$status" = 0 ]; then
   start_control_plane "again, clean, for helm install and the flow"
   step "running tests/cluster (pytest -m cluster)"
