@@ -14,6 +14,9 @@ Servers (each in its own venv under ~/.cache/kubetrt-bench/peers; one up at a ti
   max_batch_time 500 us (0 turns MLServer's batcher off, so the shortest window that batches).
 - kserve: KServe 0.21.0 `kserve.ModelServer` (one worker) with a `kserve.Model` running
   onnxruntime (peers/kserve_onnx.py); its server has no batcher of its own, so none.
+- floor: no model at all (peers/transport_floor.py): uvicorn and grpc.aio as kubetrt serve runs them
+  read each request (a gRPC one parsed) and answer onnxruntime's outputs encoded once. Its p50 is
+  the transport's share of every server's; it is no peer (left out of the ratios).
 - triton: tritonserver from the nvidia-pytriton 0.7.0 wheel (C++ HTTP and gRPC front ends, its
   dynamic batcher with max_batch_size 32 and its default queue delay of 0: it batches what queued
   while the model was busy), the model a Python callable running onnxruntime
@@ -64,7 +67,8 @@ PEERS_DIR = HERE / "peers"
 CACHE = Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
 MODELS = ("small_cnn", "mobilenet_v2")
 PROTOCOLS = ("json", "binary", "grpc")
-SERVERS = ("kubetrt", "mlserver", "kserve", "triton")
+SERVERS = ("kubetrt", "mlserver", "kserve", "triton", "floor")
+FLOOR = "floor"  # no model: the transport alone (peers/transport_floor.py), never a peer to beat
 MAX_BATCH = 32  # rows per batch for the peers that batch (kubetrt serve's default --max-batch-size)
 TRITON_QUEUE_DELAY_US = 0  # Triton's default: batch what queued while the model was busy, never wait
 MLSERVER_BATCH_TIME_S = 0.0005  # MLServer turns its batcher off at 0, so the shortest window that batches
@@ -234,6 +238,11 @@ class Server:
                 "name": self.model.name, "implementation": "mlserver_onnx.OnnxRuntimeModel",
                 "max_batch_size": MAX_BATCH, "max_batch_time": MLSERVER_BATCH_TIME_S}))
             return [str(peer_python("mlserver").parent / "mlserver"), "start", str(models)], env
+        if self.kind == FLOOR:
+            answers = work / "answers.npz"
+            np.savez(answers, **self.model.expected)  # type: ignore[arg-type]
+            env["KUBETRT_BENCH_PEER"] = json.dumps({**self.peer_settings(), "answers": str(answers)})
+            return [sys.executable, str(PEERS_DIR / "transport_floor.py")], env
         if self.kind == "kserve":
             return [str(peer_python("kserve")), str(PEERS_DIR / "kserve_onnx.py")], env
         if self.kind == "triton":
@@ -635,7 +644,7 @@ def report(cells: list[Cell], models: list[str], protocols: list[str], clients: 
         for p in protocols:
             for n in clients:
                 k = key.get((m, p, n, "kubetrt"))
-                peers = [key[m, p, n, s] for s in servers if s != "kubetrt" and not key[m, p, n, s].missing]
+                peers = [key[m, p, n, s] for s in servers if s not in ("kubetrt", FLOOR) and not key[m, p, n, s].missing]
                 best = max(peers, key=lambda c: c.rps, default=None)
                 if k is None or k.missing or best is None or not best.rps:
                     why = "kubetrt not measured" if k is None or k.missing else "no peer measured"
@@ -702,8 +711,17 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name}: engine kubetrt {eng['kubetrt']:.3f} ms, onnxruntime {eng['onnxruntime']:.3f} ms")
         for c in cells:
             if c.model == name and c.clients == 1 and not c.missing:
+                if c.server == FLOOR:
+                    print(f"  {c.server:<9}{c.protocol:<7} p50 {c.p50_ms:8.2f} ms, no model: the transport alone")
+                    continue
                 base = eng["kubetrt"] if c.server == "kubetrt" else eng["onnxruntime"]
                 print(f"  {c.server:<9}{c.protocol:<7} p50 {c.p50_ms:8.2f} ms = engine + {c.p50_ms - base:.2f} ms")
+        floors = {c.protocol: c for c in cells if c.model == name and c.clients == 1 and c.server == FLOOR and not c.missing}
+        for c in cells:
+            f = floors.get(c.protocol)
+            if f is not None and c.model == name and c.clients == 1 and c.server == "kubetrt" and not c.missing:
+                print(f"  kubetrt  {c.protocol:<7} p50 {c.p50_ms:8.2f} ms = transport floor {f.p50_ms:.2f} ms + engine "
+                      f"{eng['kubetrt']:.2f} ms + {c.p50_ms - f.p50_ms - eng['kubetrt']:.2f} ms")
         for c in cells:  # timed inside the server, so a neighbour's load on the engine is not counted as serving
             if c.model == name and c.clients == 1 and c.server == "kubetrt" and c.in_server_ms == c.in_server_ms:
                 print(f"  kubetrt  {c.protocol:<7} in the server {c.in_server_ms:.2f} ms a request = its run "
