@@ -95,24 +95,20 @@ def engine_build_status(eb: Mapping[str, Any], job: Mapping[str, Any] | None,
         return {**done, "phase": "Succeeded", "verified": True, "reason": "Verified",
                 "engineKey": str(result["engineKey"]), "report": report,
                 "message": _tail(summary or "engine built and verified")}
-    if "Failed" in true_conditions:
-        cond = true_conditions["Failed"]
-        result = parse_build_result(message)
-        if result is not None and result.get("verified") is False:
-            # The build ran and refused its engine (every retry did): the golden check failed.
-            summary = str((result.get("report") or {}).get("summary") or "the engine did not match the golden outputs")
-            return {**base, "phase": "Failed", "verified": False, "reason": "VerificationFailed",
-                    "completionTime": cond.get("lastTransitionTime", ""), "message": _tail(summary)}
-        return {**base, "phase": "Failed", "verified": False, "reason": cond.get("reason") or "JobFailed",
-                "completionTime": cond.get("lastTransitionTime", ""),
-                "message": _tail(message or cond.get("message") or "the build Job failed")}
+    failed = true_conditions.get("Failed")
     refused = parse_build_result(message)
     if refused is not None and refused.get("verified") is False:
-        # A build pod ran and refused its engine: the model itself is wrong, and the Job's retries
-        # would refuse it again, so the build fails now rather than after its backoffLimit.
+        # A build pod ran and refused its engine: the model itself is wrong (its golden check failed)
+        # and a retry would refuse it again, so the build fails at the first refusal, whether or not
+        # the Job has given up yet.
         summary = str((refused.get("report") or {}).get("summary") or "the engine did not match the golden outputs")
         return {**base, "phase": "Failed", "verified": False, "reason": "VerificationFailed",
-                "completionTime": _finished_at(pods), "message": _tail(summary)}
+                "completionTime": failed.get("lastTransitionTime", "") if failed else _finished_at(pods),
+                "message": _tail(summary)}
+    if failed is not None:
+        return {**base, "phase": "Failed", "verified": False, "reason": failed.get("reason") or "JobFailed",
+                "completionTime": failed.get("lastTransitionTime", ""),
+                "message": _tail(message or failed.get("message") or "the build Job failed")}
     live = [p for p in pods if ((p.get("status") or {}).get("phase") or "Pending") in ("Pending", "Running")]
     problems = [pr for pr in (podinfo.pod_problem(p, nodes) for p in live) if pr is not None]
     if problems and len(problems) == len(live):
@@ -180,10 +176,6 @@ def _unready(view: TargetView) -> str:
 
 def build_phase(eb: Mapping[str, Any] | None) -> str:
     """An EngineBuild's phase (Pending until it has one)."""
-    return _phase(eb)
-
-
-def _phase(eb: Mapping[str, Any] | None) -> str:
     return str(((eb or {}).get("status") or {}).get("phase") or "Pending")
 
 
@@ -215,7 +207,7 @@ def target_status(view: TargetView) -> dict[str, Any]:
         "gpuProduct": t.get("gpuProduct", ""),
         "engineKey": str(((view.serving or {}).get("status") or {}).get("engineKey") or ""),
         "engineBuild": (view.build or {}).get("metadata", {}).get("name", ""),
-        "buildPhase": _phase(view.build),
+        "buildPhase": build_phase(view.build),
         "replicas": view.desired_replicas,
         "readyReplicas": int(st.get("readyReplicas") or 0),
         "role": objects.role(t),
@@ -242,9 +234,9 @@ def conditions(views: list[TargetView], errors: list[str]) -> list[dict[str, Any
         msg = "; ".join(errors)
         return [_cond("Ready", False, "InvalidSpec", msg), _cond("Progressing", False, "InvalidSpec", msg),
                 _cond("Degraded", True, "InvalidSpec", msg), _cond("EnginesReady", False, "InvalidSpec", msg)]
-    failed = [v for v in views if _phase(v.build) == "Failed"]
-    building = [v for v in views if _phase(v.build) in ("Pending", "Running")]
-    verified = [v for v in views if _phase(v.build) == "Succeeded"]
+    failed = [v for v in views if build_phase(v.build) == "Failed"]
+    building = [v for v in views if build_phase(v.build) in ("Pending", "Running")]
+    verified = [v for v in views if build_phase(v.build) == "Succeeded"]
     rolling = [v for v in views if v.serving is not None and not _rollout_done(v)]
     names = lambda vs: ", ".join(v.target["name"] for v in vs)  # noqa: E731
 

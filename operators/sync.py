@@ -139,11 +139,6 @@ def crd_served(kube: KubeClient, api: tuple[str, str, str]) -> bool:
     return seen[1]
 
 
-def service_monitors_installed(kube: KubeClient) -> bool:
-    """Whether the Prometheus Operator's ServiceMonitor CRD is served."""
-    return crd_served(kube, SERVICE_MONITOR_API)
-
-
 def nodes_if_unschedulable(kube: KubeClient, pods: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]] | None:
     """The nodes, read only when one of ``pods`` is unschedulable: they say which label none has."""
     if not any(podinfo.is_unschedulable(p) for p in pods):

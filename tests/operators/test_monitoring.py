@@ -56,9 +56,9 @@ class _Discovery:
 def test_discovery_is_cached_then_asked_again(monkeypatch: Any) -> None:
     sync._discovered.clear()
     kube = _Discovery(True)
-    assert sync.service_monitors_installed(kube) and sync.service_monitors_installed(kube)  # type: ignore[arg-type]
+    assert sync.crd_served(kube, names.SERVICE_MONITOR_API) and sync.crd_served(kube, names.SERVICE_MONITOR_API)  # type: ignore[arg-type]
     assert kube.calls == 1
     monkeypatch.setattr(sync, "DISCOVERY_TTL_SECONDS", -1.0)
     kube.served = False
-    assert not sync.service_monitors_installed(kube)  # type: ignore[arg-type]
+    assert not sync.crd_served(kube, names.SERVICE_MONITOR_API)  # type: ignore[arg-type]
     sync._discovered.clear()

@@ -375,8 +375,8 @@ def test_engine_build_status_follows_its_job() -> None:
                                                        "reason": "BackoffLimitExceeded", "message": "3 failures"}]}}
     st = status.engine_build_status(eb, failed, [_pod("Traceback ...\nRuntimeError: CUDA out of memory")])
     assert (st["phase"], st["reason"]) == ("Failed", "BackoffLimitExceeded") and "out of memory" in st["message"]
-    # `kubetrt build` exits 1 when verification fails: the Job fails after its retries, and the
-    # result its pods wrote says why.
+    # A Job that has failed (by its podFailurePolicy on `kubetrt build`'s refusal, or after its
+    # retries): the result its pods wrote says why.
     st = status.engine_build_status(eb, failed, [_pod(unverified)])
     assert (st["phase"], st["reason"], st["message"]) == ("Failed", "VerificationFailed", "err 0.4 > 0.01")
 
