@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import gc
 import json
 import logging
@@ -33,12 +34,26 @@ logger = logging.getLogger("kubetrt.serving")
 JSON = "application/json"
 
 
+class ServingApp(FastAPI):
+    """FastAPI, with the OIP infer route answered before any of FastAPI's own layers (error,
+    telemetry and body-limit middlewares, the router): InferRoute does its own errors and limits,
+    and those layers cost as much as decoding a small tensor. Every other request is FastAPI's."""
+
+    infer_route: InferRoute | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.infer_route is not None:
+            await self.infer_route(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
 def create_app(
     packages: Iterable[str | os.PathLike[str] | ModelSource] = (),
     config: ServingConfig | None = None,
     *,
     models: Iterable[ModelLike] = (),
-) -> FastAPI:
+) -> ServingApp:
     """App serving the given model packages (loaded in the background) and/or loaded models."""
     config = config or ServingConfig()
     metrics = ServingMetrics()
@@ -68,7 +83,7 @@ def create_app(
                 loading.cancel()
             await asyncio.to_thread(registry.close)
 
-    app = FastAPI(title="kubetrt serving", version=kubetrt.__version__, lifespan=lifespan)
+    app = ServingApp(title="kubetrt serving", version=kubetrt.__version__, lifespan=lifespan)
     app.state.registry = registry
     app.state.metrics = metrics
     app.state.config = config
@@ -76,7 +91,7 @@ def create_app(
     _install_error_handlers(app)
     _add_oip_routes(app, registry, config)
     _add_tfserving_routes(app, registry, config)
-    app.add_middleware(InferRoute, registry=registry, config=config)
+    app.infer_route = InferRoute(functools.partial(FastAPI.__call__, app), registry, config)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:

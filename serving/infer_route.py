@@ -1,7 +1,7 @@
-"""The OIP infer route as a bare ASGI middleware: the hot path of every REST inference skips
-Starlette's Request, routing and exception layers (which cost as much as decoding a small tensor)
-and answers from the same codecs, registry and metrics as the other routes. Every other path goes
-on to the FastAPI app."""
+"""The OIP infer route as a bare ASGI app in front of FastAPI (app.ServingApp): the hot path of
+every REST inference skips FastAPI's middlewares, Starlette's Request, routing and exception layers
+(which cost as much as decoding a small tensor) and answers from the same codecs, registry and
+metrics as the other routes. Every other path goes on to FastAPI."""
 from __future__ import annotations
 
 import asyncio

@@ -13,6 +13,8 @@ from typing import Any
 
 import uvicorn
 
+from .http_protocol import ServingHttpProtocol
+
 
 def uvicorn_config(app: Any, host: str, port: int, *, verbose: int = 0, graceful_timeout_s: float = 30.0,
                    **kwargs: Any) -> uvicorn.Config:
@@ -24,7 +26,7 @@ def uvicorn_config(app: Any, host: str, port: int, *, verbose: int = 0, graceful
         access_log=verbose > 1,
         timeout_graceful_shutdown=int(graceful_timeout_s),
         lifespan="on",
-        **kwargs,
+        **{"http": ServingHttpProtocol, **kwargs},
     )
 
 

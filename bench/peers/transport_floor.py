@@ -1,5 +1,5 @@
-"""The transport floor: what one request costs with no model behind it. The same uvicorn (its
-defaults, as `kubetrt serve` runs it) and grpc.aio that kubetrt serves with read the whole request
+"""The transport floor: what one request costs with no model behind it. The same uvicorn (with
+the configuration and HTTP protocol `kubetrt serve` runs) and grpc.aio that kubetrt serves with read the whole request
 (a gRPC request parsed into its message) and answer onnxruntime's outputs for the bench's input,
 encoded once at start (bench/serving.py starts it: settings in KUBETRT_BENCH_PEER, the outputs in
 the npz it names). A server's one-client p50 minus this floor is what its decoding, batching,
@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-import uvicorn
 
 from _onnx import settings
 
@@ -20,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _bootstrap  # noqa: E402,F401  kubetrt's gRPC message classes from this checkout
 
 from kubetrt.serving.oip_grpc import METHODS, SERVICE  # noqa: E402
+from kubetrt.serving.server import serve, uvicorn_config  # noqa: E402
 
 HEADER_LENGTH = b"inference-header-content-length"
 
@@ -73,7 +73,7 @@ def main() -> None:
                                 *headers]})
         await send({"type": "http.response.body", "body": body})
 
-    uvicorn.run(app, host="127.0.0.1", port=cfg["http_port"], log_level="warning", lifespan="on")
+    serve(uvicorn_config(app, "127.0.0.1", cfg["http_port"]))
 
 
 async def start_grpc(port: int, request_cls: Any, response_cls: Any, reply: Any) -> Any:

@@ -16,17 +16,16 @@ import numpy as np
 import uvicorn
 
 from kubetrt.runtime.kernels.parallel import shared_pool
+from kubetrt.serving.server import uvicorn_config
 
 MAX_BODY = 1 << 20  # the session server's --max-body-bytes
 
 
 class LiveServer:
-    def __init__(self, app: Any) -> None:
+    def __init__(self, app: Any, **config: Any) -> None:
         self.app = app
-        self.server = uvicorn.Server(
-            uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning", access_log=False, lifespan="on",
-                           timeout_graceful_shutdown=5)
-        )
+        # the configuration `kubetrt serve` runs (its HTTP protocol included)
+        self.server = uvicorn.Server(uvicorn_config(app, "127.0.0.1", 0, graceful_timeout_s=5, **config))
         self.thread = threading.Thread(target=self.server.run, name="uvicorn-test", daemon=True)
 
     def __enter__(self) -> "LiveServer":
