@@ -36,8 +36,14 @@ NUMPY_TO_OIP: dict[str, str] = {str(v): k for k, v in OIP_TO_NUMPY.items()}
 NUMPY_TO_OIP.update({"bytes": "BYTES", "str": "BYTES", "string": "BYTES"})
 
 
+_OIP_OF_DTYPE: dict[np.dtype, str] = {v: k for k, v in OIP_TO_NUMPY.items()}  # str(dtype) costs more than the rest
+
+
 def oip_datatype(dtype: str | np.dtype) -> str:
     """OIP name of a numpy dtype (as a TensorSpec spells it); string kinds map to BYTES."""
+    known = _OIP_OF_DTYPE.get(dtype) if isinstance(dtype, np.dtype) else NUMPY_TO_OIP.get(dtype)
+    if known is not None:
+        return known
     name = str(dtype)
     if name in NUMPY_TO_OIP:
         return NUMPY_TO_OIP[name]
