@@ -10,6 +10,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 import numpy as np
 import pytest
 
+import kubetrt.serving.batcher as batcher_module
 from kubetrt.serving.batcher import (
     BatchComputeError,
     Batcher,
@@ -18,6 +19,7 @@ from kubetrt.serving.batcher import (
     DeadlineExceeded,
     QueueFull,
     batch_key,
+    cut_at,
     plan_sizes,
 )
 
@@ -438,7 +440,10 @@ async def test_a_merged_batch_is_padded_to_a_planned_size_and_its_padding_droppe
         b.close()
 
 
-async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_crowd_does_not():
+async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_crowd_does_not(monkeypatch):
+    # "fast" by a bound this test's runs meet even beside a busy suite (a pool hand-off can take
+    # over a millisecond on two loaded cores)
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_SECONDS", 1.0)
     rec = Recorder()
     threads: list[str] = []
 
@@ -458,3 +463,74 @@ async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_c
         assert [float(o["y"][0, 0]) for o in crowd] == [0.0, 2.0, 4.0, 6.0, 8.0]
     finally:
         b.close()
+
+
+class Timed(Recorder):
+    """A Recorder whose run takes the time `seconds` gives for its (padded) size."""
+
+    def __init__(self, seconds: dict[int, float], gate: threading.Event) -> None:
+        super().__init__(gate)
+        self.seconds = seconds
+
+    def run(self, feeds):
+        time.sleep(self.seconds.get(feeds["x"].shape[0], 0.0))
+        return super().run(feeds)
+
+
+async def queued_batches(seconds_by_size: dict[int, float], singles: int, max_batch_size: int = 16) -> list[int]:
+    """The runs a burst of one-row requests, queued behind a first run, gets from a batcher that
+    has run each size of `seconds_by_size` once (a request of that many rows), taking that long."""
+    gate = threading.Event()
+    gate.set()
+    rec = Timed(seconds_by_size, gate)
+    b = Batcher(rec, BatcherConfig(max_batch_size=max_batch_size, max_queue_delay_us=0)).start()
+    try:
+        for size in seconds_by_size:
+            await b.submit(feeds(size, 0.0))
+        rec.calls.clear()
+        rec.entered.clear()
+        gate.clear()
+        first = asyncio.ensure_future(b.submit(feeds(1, 0.0)))
+        await asyncio.to_thread(rec.entered.wait, 5)
+        rest = [asyncio.ensure_future(b.submit(feeds(1, float(i)))) for i in range(1, singles + 1)]
+        await asyncio.sleep(0.05)
+        gate.set()
+        out = await asyncio.wait_for(asyncio.gather(first, *rest), 10)
+        for i, o in enumerate(out):
+            np.testing.assert_array_equal(o["y"], np.full((1, 3), 2.0 * i, np.float32))
+        return rec.calls
+    finally:
+        gate.set()
+        b.close()
+
+
+SIZES = plan_sizes(BatcherConfig(max_batch_size=16))  # 1, 2, 4, 8, 16
+
+
+@pytest.mark.parametrize("rows,seconds,now", [
+    # a CPU engine: a run's time grows with its rows, so padding 9 rows to 16 costs 7 rows' work
+    ([1] * 9, {8: 0.008, 16: 0.016}, 8),
+    # one cut, one size down: 12 rows run as 8 (and 4 next), not as many small runs
+    ([1] * 12, {1: 0.0001, 2: 0.0002, 4: 0.004, 8: 0.008, 16: 0.016}, 8),
+    # requests of several rows: the longest prefix that fits 8 rows
+    ([4, 4, 3, 3], {8: 0.008, 16: 0.016}, 2),
+    # ...but not where the prefix runs padded itself and saves nothing per row
+    ([3, 3, 3, 3], {8: 0.008, 16: 0.016}, 4),
+    # an engine whose run barely grows with the batch: padding is cheaper than a second run
+    ([1] * 9, {8: 0.010, 16: 0.010}, 9),
+    # rows that are a planned size are never cut, whatever the timings say
+    ([1] * 8, {4: 0.001, 8: 0.030}, 8),
+    # while a size it could run at is untimed, the batch runs padded as before
+    ([1] * 9, {8: 0.008}, 9),
+    # a model of microseconds a row: the padding costs less than another run costs the server
+    ([1] * 9, {8: 0.00016, 16: 0.00032}, 9),
+    # a first request larger than the size below: nothing to cut
+    ([9, 1], {8: 0.008, 16: 0.016}, 2),
+])
+def test_a_batch_that_would_run_padded_is_cut_where_its_rows_cost_least(rows, seconds, now):
+    assert cut_at(rows, seconds, SIZES) == now
+
+
+async def test_the_batcher_cuts_by_the_run_times_it_measured():
+    """The sizes' times come from the batcher's own runs (a request of 8 rows, one of 16)."""
+    assert await queued_batches({8: 0.04, 16: 0.08}, 9) == [1, 8, 1]

@@ -59,7 +59,9 @@ async def test_gated_model_concurrent_requests_share_runtime_calls(cnn_model):
             responses = await asyncio.gather(first, *rest)
     assert len(gated.calls) < N
     assert sum(x.shape[0] for x in xs[1:]) == 17
-    assert gated.calls == [xs[0].shape[0], 32], "the queued 17 rows run as one batch, padded to a planned size"
+    # the queued 17 rows run as one batch padded to 32, or, where the sizes' measured run times make
+    # the padding cost more than a second run, as 15 rows padded to 16 and then the last 2
+    assert gated.calls[0] == xs[0].shape[0] and gated.calls[1:] in ([32], [16, 2]), gated.calls
     for x, r in zip(xs, responses):
         np.testing.assert_allclose(output(r), cnn_model.predict({"image": x})["output_0"], rtol=1e-5, atol=1e-6)
 
