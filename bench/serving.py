@@ -709,21 +709,22 @@ def main(argv: list[str] | None = None) -> int:
     for name in a.models:
         eng = engines[name]
         print(f"{name}: engine kubetrt {eng['kubetrt']:.3f} ms, onnxruntime {eng['onnxruntime']:.3f} ms")
-        for c in cells:
-            if c.model == name and c.clients == 1 and not c.missing:
-                if c.server == FLOOR:
-                    print(f"  {c.server:<9}{c.protocol:<7} p50 {c.p50_ms:8.2f} ms, no model: the transport alone")
-                    continue
-                base = eng["kubetrt"] if c.server == "kubetrt" else eng["onnxruntime"]
-                print(f"  {c.server:<9}{c.protocol:<7} p50 {c.p50_ms:8.2f} ms = engine + {c.p50_ms - base:.2f} ms")
-        floors = {c.protocol: c for c in cells if c.model == name and c.clients == 1 and c.server == FLOOR and not c.missing}
-        for c in cells:
+        one_client = [c for c in cells if c.model == name and c.clients == 1 and not c.missing]
+        for c in one_client:
+            if c.server == FLOOR:
+                print(f"  {c.server:<9}{c.protocol:<7} p50 {c.p50_ms:8.2f} ms, no model: the transport alone")
+                continue
+            base = eng["kubetrt"] if c.server == "kubetrt" else eng["onnxruntime"]
+            print(f"  {c.server:<9}{c.protocol:<7} p50 {c.p50_ms:8.2f} ms = engine + {c.p50_ms - base:.2f} ms")
+        floors = {c.protocol: c for c in one_client if c.server == FLOOR}
+        kubetrt = [c for c in one_client if c.server == "kubetrt"]
+        for c in kubetrt:
             f = floors.get(c.protocol)
-            if f is not None and c.model == name and c.clients == 1 and c.server == "kubetrt" and not c.missing:
+            if f is not None:
                 print(f"  kubetrt  {c.protocol:<7} p50 {c.p50_ms:8.2f} ms = transport floor {f.p50_ms:.2f} ms + engine "
                       f"{eng['kubetrt']:.2f} ms + {c.p50_ms - f.p50_ms - eng['kubetrt']:.2f} ms")
-        for c in cells:  # timed inside the server, so a neighbour's load on the engine is not counted as serving
-            if c.model == name and c.clients == 1 and c.server == "kubetrt" and c.in_server_ms == c.in_server_ms:
+        for c in kubetrt:  # timed inside the server, so a neighbour's load on the engine is not counted as serving
+            if c.in_server_ms == c.in_server_ms:
                 print(f"  kubetrt  {c.protocol:<7} in the server {c.in_server_ms:.2f} ms a request = its run "
                       f"{c.compute_ms:.2f} ms + {c.in_server_ms - c.compute_ms:.2f} ms outside the engine (its /metrics)")
     return 0

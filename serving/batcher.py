@@ -344,8 +344,12 @@ class Batcher:
                 self._queue.extendleft(reversed(batch))
                 self._arm_timer(head.loop, left)
                 return None
-        trimmed = self._trim_to_preferred(batch, rows)
-        batch = self._cheapest_cut(batch) if trimmed is batch else trimmed
+        n = self._preferred_prefix(batch, rows)
+        if n == len(batch):
+            n = cut_at([r.rows for r in batch], self._size_seconds, self.plan_sizes)
+        if n < len(batch):  # the rest go back to the queue's head, in order
+            self._queue.extendleft(reversed(batch[n:]))
+            batch = batch[:n]
         self._queued_rows -= sum(r.rows for r in batch)
         return batch
 
@@ -396,27 +400,16 @@ class Batcher:
         self._queue = keep
         return rows
 
-    def _trim_to_preferred(self, batch: list[_Request], rows: int) -> list[_Request]:
-        """Cut the batch to its longest prefix whose rows are a preferred size; requeue the rest."""
+    def _preferred_prefix(self, batch: list[_Request], rows: int) -> int:
+        """How many of the batch's requests make its longest prefix whose rows are a preferred size
+        (all where none is, or where the whole batch is one)."""
         if not self._preferred or rows in self._preferred:
-            return batch
+            return len(batch)
         total, prefix = 0, {}
         for i, req in enumerate(batch):
             total += req.rows
             prefix[total] = i + 1
-        for size in self._preferred:
-            if size in prefix:
-                n = prefix[size]
-                self._queue.extendleft(reversed(batch[n:]))
-                return batch[:n]
-        return batch
-
-    def _cheapest_cut(self, batch: list[_Request]) -> list[_Request]:
-        """Cut the batch where cut_at says; requeue the rest."""
-        n = cut_at([r.rows for r in batch], self._size_seconds, self.plan_sizes)
-        if n < len(batch):
-            self._queue.extendleft(reversed(batch[n:]))
-        return batch[:n]
+        return next((prefix[size] for size in self._preferred if size in prefix), len(batch))
 
     # -- running batches -------------------------------------------------------------------------
     def _dispatch_all(self, batches: list[list[_Request]]) -> None:

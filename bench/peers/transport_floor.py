@@ -18,10 +18,11 @@ from _onnx import settings
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import _bootstrap  # noqa: E402,F401  kubetrt's gRPC message classes from this checkout
 
+from kubetrt.serving.oip import HEADER_LENGTH as _HEADER_LENGTH  # noqa: E402
 from kubetrt.serving.oip_grpc import METHODS, SERVICE  # noqa: E402
 from kubetrt.serving.server import serve, uvicorn_config  # noqa: E402
 
-HEADER_LENGTH = b"inference-header-content-length"
+HEADER_LENGTH = _HEADER_LENGTH.encode()  # as ASGI spells header names: lower case
 
 
 def rest_answers(name: str, outputs: dict[str, np.ndarray]) -> tuple[bytes, bytes, int]:
