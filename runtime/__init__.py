@@ -13,19 +13,21 @@ from .errors import DeviceUnavailableError, InputError, KernelError, RuntimeMode
 if TYPE_CHECKING:
     from . import ops
     from .model import Model, load_model
+    from .kernels.omp import release_team
     from .package import PackageError, TensorSpec
 
 # export -> (submodule, attribute of it; None for the submodule itself)
 _LAZY: dict[str, tuple[str, str | None]] = {
     "load_model": (".model", "load_model"),
     "Model": (".model", "Model"),
+    "release_team": (".kernels.omp", "release_team"),
     "ops": (".ops", None),
     "PackageError": (".package", "PackageError"),
     "TensorSpec": (".package", "TensorSpec"),
 }
 
 __all__ = [
-    "load_model", "Model", "ops", "TensorSpec", "InputError", "KernelError", "PackageError",
+    "load_model", "Model", "release_team", "ops", "TensorSpec", "InputError", "KernelError", "PackageError",
     "RuntimeModelError", "UnsupportedOpError", "DeviceUnavailableError",
 ]
 

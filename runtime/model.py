@@ -16,9 +16,9 @@ from .call_teams import call_teams
 from .devices import get_device, resolve_device
 from .engine import read_engine
 from .errors import InputError
-from .kernels.parallel import shared_pool
 from .onnx_import import load_package_graph
 from .package import ENGINES, Manifest, TensorSpec, open_package
+from .run_threads import run_threads
 
 
 def check_feeds(specs: list[TensorSpec], feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
@@ -121,11 +121,11 @@ class Model:
     def predict_async(self, feeds: Mapping[str, Any]) -> Future[dict[str, np.ndarray]]:
         """Check the inputs and start a run; the Future resolves to the outputs. No thread is
         parked waiting for it: a dataflow executable completes it from its own kernels, any other
-        runs on the runtime's shared host pool."""
+        runs on the runtime's run threads (one at a time: the same thread and OpenMP team)."""
         checked = self.validate_inputs(feeds)
         run_async = getattr(self._exe, "run_async", None)
         if run_async is None:
-            return shared_pool().submit(self._run_checked, checked)
+            return run_threads().submit(self._run_checked, checked)
         named: Future[dict[str, np.ndarray]] = Future()
         run_async([checked[n] for n in self._input_order]).add_done_callback(partial(self._name_outputs, named))
         return named

@@ -20,6 +20,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from kubetrt import runtime
 from kubetrt.telemetry.logs import log
 from kubetrt.runtime.accuracy import CALIBRATED_PRECISIONS, Tolerance, check_heldout, compare, device_class, tolerance_for
 from kubetrt.runtime.package import HeldOut, Manifest, TensorSpec, load_golden, load_heldout, read_manifest
@@ -95,13 +96,13 @@ def golden_mismatch(model: ModelLike, tol: Tolerance) -> str | None:
 
 
 def warm_plans(model: ModelLike, sizes: Sequence[int]) -> list[int]:
-    """Run the model once at each batch size the batcher forms, so no request waits for the
-    runtime to plan a new shape; -> the sizes run. Models with other dynamic dimensions, or string
+    """Run the model once at each batch size the batcher forms, where the batcher's runs go
+    (predict_async), so no request waits for the runtime to plan a new shape; -> the sizes run. Models with other dynamic dimensions, or string
     inputs, are left to plan on demand (their shapes are the requests')."""
     if any(-1 in t.shape[1:] or is_bytes_dtype(t.dtype) for t in model.inputs):
         return []
     for n in sizes:
-        model.predict({t.name: np.zeros((n, *t.shape[1:]), dtype=t.dtype) for t in model.inputs})
+        model.predict_async({t.name: np.zeros((n, *t.shape[1:]), dtype=t.dtype) for t in model.inputs}).result()
     return list(sizes)
 
 
@@ -208,7 +209,15 @@ class ServedModel:
         return self.state is State.READY
 
     def load(self) -> None:
-        """Blocking: load (if given a package), verify against golden data, start the batcher."""
+        """Blocking: load (if given a package), verify against golden data, start the batcher.
+        The calling thread runs the model no more: the runtime's workers for it go (release_team),
+        leaving the batcher's run threads the process's only OpenMP teams."""
+        try:
+            self._load()
+        finally:
+            runtime.release_team()
+
+    def _load(self) -> None:
         t0 = time.monotonic()
         try:
             if self.model is None and self.source is not None:

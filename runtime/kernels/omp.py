@@ -51,6 +51,11 @@ _gomp = _load()
 AVAILABLE = _gomp is not None
 if _gomp is not None:
     _gomp.omp_set_num_threads.argtypes, _gomp.omp_set_num_threads.restype = [ctypes.c_int], None
+# OpenMP 5.0's omp_pause_resource_all: in libgomp it frees the calling thread's pool of workers
+_pause_all = getattr(_gomp, "omp_pause_resource_all", None) if _gomp is not None else None
+_PAUSE_SOFT = 1  # omp_pause_soft
+if _pause_all is not None:
+    _pause_all.argtypes, _pause_all.restype = [ctypes.c_int], ctypes.c_int
 TEAM = int(_gomp.omp_get_max_threads()) if _gomp is not None else 1  # the default team size
 # Entry points jitted code calls by address (jit.c_call*): start a team on fn(data), wait for the
 # whole team, and a member's place in it.
@@ -276,6 +281,18 @@ def timed(choice: TeamChoice, run: Callable[[int], object]) -> None:
     start = time.perf_counter()
     run(1 if serial else TEAM)
     choice.record(serial, time.perf_counter() - start)
+
+
+def release_team() -> None:
+    """Let this thread's OpenMP workers exit (they start again on its next team call).
+
+    libgomp keeps a pool of workers per thread that starts a team, until that thread exits, and
+    once it manages more threads than the process has CPUs its idle workers spin 100 rounds
+    instead of GOMP_SPINCOUNT's: every barrier of every team sleeps and wakes. A thread done with
+    the engine for good (a loader after its golden check) hands its workers back, so the threads
+    that serve keep theirs spinning."""
+    if _pause_all is not None:
+        _pause_all(_PAUSE_SOFT)
 
 
 class TeamOf:
