@@ -16,6 +16,7 @@ from .call_teams import call_teams
 from .devices import get_device, resolve_device
 from .engine import read_engine
 from .errors import InputError
+from .kernels import omp
 from .onnx_import import load_package_graph
 from .package import ENGINES, Manifest, TensorSpec, open_package
 from .run_threads import run_threads
@@ -117,6 +118,13 @@ class Model:
 
     def predict(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
         return self._run_checked(self.validate_inputs(feeds))
+
+    def predict_alone(self, feeds: Mapping[str, Any]) -> dict[str, np.ndarray]:
+        """A run on the calling thread by itself, with no OpenMP team: for a thread that runs short
+        requests between other work (serving's event loop), where a team of its own would be the
+        process's second (run_threads.py) and its sleeping member's wake-up costs what it saves."""
+        with omp.Alone():
+            return self.predict(feeds)
 
     def predict_async(self, feeds: Mapping[str, Any]) -> Future[dict[str, np.ndarray]]:
         """Check the inputs and start a run; the Future resolves to the outputs. No thread is

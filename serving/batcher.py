@@ -5,7 +5,7 @@ A request that finds the engine idle (a free slot, nothing queued) starts its ru
 event loop's thread: `compute(feeds)` returns a concurrent.futures.Future (the runtime Model's
 `predict_async`), so starting costs a hand-off, not the run. A request alone in the server (after
 one turn of the loop, no other request has reached the batcher) on a model whose one-request runs
-take under INLINE_MAX_SECONDS runs on the loop's thread itself (`run_now`, the Model's `predict`):
+take under INLINE_MAX_SECONDS runs on the loop's thread itself (`run_now`, the Model's `predict_alone`):
 the two hand-offs between threads would cost more than the run. Requests that arrive while every slot
 is busy queue up; when a run completes, its callback resolves its requests, then forms the next
 batch from what queued meanwhile (requests whose inputs agree on all but the batch dimension,

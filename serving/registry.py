@@ -44,6 +44,8 @@ class ModelLike(Protocol):
 
     def predict(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
 
+    def predict_alone(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
     def predict_async(self, feeds: Mapping[str, np.ndarray]) -> Future[dict[str, np.ndarray]]: ...
 
     def validate_inputs(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]: ...
@@ -240,7 +242,7 @@ class ServedModel:
             batchable=_batchable(self.model),
             observer=self.metrics,
             name=self.name,
-            run_now=self.model.predict,
+            run_now=self.model.predict_alone,
         ).start()
         batcher = self.batcher
         self.metrics.queue_depth.set_function(lambda: batcher.queued)

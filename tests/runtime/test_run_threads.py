@@ -8,6 +8,7 @@ import subprocess
 import sys
 import textwrap
 import threading
+from typing import Any
 
 import pytest
 
@@ -125,3 +126,42 @@ def test_release_team_lets_the_calling_threads_workers_exit() -> None:
     # each calling thread keeps its own workers; releasing takes the loader's away, the main's stay
     assert got["two_teams"] == got["loader_team"] + workers, got
     assert got["released"] == got["two_teams"] - workers, got
+
+
+ALONE_CHILD = textwrap.dedent("""
+    import json, os, sys, threading
+    import numpy as np
+    from kubetrt.runtime import load_model, release_team
+
+    model = load_model(sys.argv[1])
+    x = {t.name: np.random.default_rng(0).random((1, *t.shape[1:]), np.float32) for t in model.inputs}
+    model.predict(x)  # load-time costs (compiling, first touch) on this thread's team
+    release_team()
+    tasks = lambda: len(os.listdir("/proc/self/task"))
+    counts = {}
+
+    def caller():
+        counts["before"] = tasks()
+        for _ in range(20):
+            model.predict_alone(x)
+        counts["alone"] = tasks()
+        for _ in range(20):
+            model.predict(x)
+        counts["team"] = tasks()
+
+    t = threading.Thread(target=caller)
+    t.start()
+    t.join()
+    print(json.dumps(counts))
+""")
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not omp.AVAILABLE,
+                    reason="one CPU (or no OpenMP): no team to keep off")
+def test_predict_alone_starts_no_team_on_the_calling_thread(zoo: Any) -> None:
+    run = subprocess.run([sys.executable, "-c", ALONE_CHILD, str(zoo.package("small_cnn"))], capture_output=True,
+                         text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "2", "KUBETRT_ONEDNN_TEAMS": "static"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert got["alone"] == got["before"], got  # serving's event loop runs these: no second team
+    assert got["team"] > got["alone"], got  # the same calls by predict start this thread's workers

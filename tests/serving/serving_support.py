@@ -15,7 +15,8 @@ import httpx
 import numpy as np
 import uvicorn
 
-from kubetrt.runtime.kernels.parallel import shared_pool
+from kubetrt.runtime.kernels import omp
+from kubetrt.runtime.run_threads import run_threads
 from kubetrt.serving.server import uvicorn_config
 
 MAX_BODY = 1 << 20  # the session server's --max-body-bytes
@@ -86,10 +87,15 @@ class ModelDouble:
     def predict(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         return self._model.predict(feeds)
 
+    def predict_alone(self, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """As the runtime runs on the caller's thread alone, with this double's `predict` hook as the run."""
+        with omp.Alone():
+            return self.predict(feeds)
+
     def predict_async(self, feeds: Mapping[str, np.ndarray]) -> Future[dict[str, np.ndarray]]:
-        """Started as the runtime starts a host run (on its shared pool), with this double's
+        """Started as the runtime starts a host run (on its run threads), with this double's
         `predict` hook as the run."""
-        return shared_pool().submit(self.predict, feeds)
+        return run_threads().submit(self.predict, feeds)
 
 
 class CountingModel(ModelDouble):
