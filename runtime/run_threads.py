@@ -12,6 +12,7 @@ busy: runs one at a time stay on one thread and one team; runs in flight togethe
 from __future__ import annotations
 
 import atexit
+import collections
 import threading
 from concurrent.futures import Future
 from typing import Any, Callable, TypeVar
@@ -30,7 +31,7 @@ class RunThreads:
         self.name = name
         self._lock = threading.Lock()
         self._idle: list[_Worker] = []  # a stack: the last to go idle is taken first
-        self._backlog: list[_Work] = []  # calls waiting while every thread is busy, oldest first
+        self._backlog: collections.deque[_Work] = collections.deque()  # calls waiting while every thread is busy
         self._threads: list[_Worker] = []
         self._closed = False
 
@@ -60,7 +61,7 @@ class RunThreads:
         """The finished worker's next call from the backlog, or None having put it on the idle stack."""
         with self._lock:
             if self._backlog:
-                return self._backlog.pop(0)
+                return self._backlog.popleft()
             if not self._closed:
                 self._idle.append(worker)
             return None
@@ -124,6 +125,8 @@ def run_threads() -> RunThreads:
     """The process's threads for whole runs, as many as the CPUs the runtime uses: more runs in
     flight than cores only take turns."""
     global _RUNS
+    if _RUNS is not None:  # every run asks: no lock once made
+        return _RUNS
     with _RUNS_LOCK:
         if _RUNS is None:
             from .kernels.parallel import THREADS

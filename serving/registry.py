@@ -99,8 +99,9 @@ def golden_mismatch(model: ModelLike, tol: Tolerance) -> str | None:
 
 def warm_plans(model: ModelLike, sizes: Sequence[int]) -> list[int]:
     """Run the model once at each batch size the batcher forms, where the batcher's runs go
-    (predict_async), so no request waits for the runtime to plan a new shape; -> the sizes run. Models with other dynamic dimensions, or string
-    inputs, are left to plan on demand (their shapes are the requests')."""
+    (predict_async), so no request waits for the runtime to plan a new shape; -> the sizes run.
+    Models with other dynamic dimensions, or string inputs, are left to plan on demand (their
+    shapes are the requests')."""
     if any(-1 in t.shape[1:] or is_bytes_dtype(t.dtype) for t in model.inputs):
         return []
     for n in sizes:
