@@ -1,11 +1,18 @@
 """The HTTP/1.1 protocol `kubetrt serve` runs under uvicorn: httptools, with each response leaving
-in one send.
+in one send, and request bodies handed on without copies of their own.
 
 uvicorn writes a response's head when the app sends `http.response.start` and its body when the app
 sends the body: two sends on the socket, two trips through the loopback or the pod network, and
 two wake-ups of the client for one answer. Here the head waits for the body's first write and
 leaves with it in one send; a head the app sends alone (an answer streamed later) leaves at the end
 of the loop's turn.
+
+uvicorn appends every piece of a request body to a bytearray and copies it out again for the app,
+and stops reading the socket at 64 KiB until the app has taken it: a tensor of megabytes was copied
+twice more than it needs and took a dozen turns of the event loop, all of it holding the GIL that
+the parsing threads and the runtime's run threads wait for. Here the pieces httptools makes are
+kept as they are and joined once, when the app reads them, and reading goes on up to
+HIGH_WATER_BYTES.
 """
 from __future__ import annotations
 
@@ -13,6 +20,8 @@ import asyncio
 from typing import Any
 
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+HIGH_WATER_BYTES = 1 << 20  # a request body held unread before the socket's reading pauses
 
 
 class JoinedWrites:
@@ -58,8 +67,42 @@ class JoinedWrites:
         return getattr(self._transport, name)
 
 
+class BodyPieces:
+    """The body pieces a request cycle holds for its app's next read, as httptools made them;
+    uvicorn's cycle reads it with len() and bytes(), as it would its bytearray."""
+
+    __slots__ = ("pieces", "size")
+
+    def __init__(self, held: bytes | bytearray = b"") -> None:
+        self.pieces = [bytes(held)] if held else []
+        self.size = len(held)
+
+    def append(self, piece: bytes) -> None:
+        self.pieces.append(piece)
+        self.size += len(piece)
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __bytes__(self) -> bytes:
+        return self.pieces[0] if len(self.pieces) == 1 else b"".join(self.pieces)
+
+
 class ServingHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol over JoinedWrites."""
+    """uvicorn's httptools protocol over JoinedWrites, holding request bodies as BodyPieces."""
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         super().connection_made(JoinedWrites(transport, self.loop))  # type: ignore[arg-type]
+
+    def on_body(self, body: bytes) -> None:
+        # uvicorn's on_body, with the pieces kept and the higher water mark
+        cycle = self.cycle
+        if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
+            return
+        held = cycle.body
+        if not isinstance(held, BodyPieces):  # the cycle's own bytearray: new, or reset by a read
+            held = cycle.body = BodyPieces(held)  # type: ignore[assignment]
+        held.append(body)
+        if len(held) > HIGH_WATER_BYTES:
+            self.flow.pause_reading()
+        cycle.message_event.set()

@@ -110,3 +110,60 @@ def test_streamed_and_late_bodies_arrive_whole_and_the_head_does_not_wait_for_th
         (t_head, head), (t_body, late) = WRITES
         assert head.startswith(b"HTTP/1.1 200") and head.endswith(b"\r\n\r\n") and late == b"late"
         assert t_head < head_seen < t_body
+
+
+class HeldBodies(ServingHttpProtocol):
+    """Records the most body bytes a request cycle held unread."""
+
+    most_held = 0
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        HeldBodies.most_held = max(HeldBodies.most_held, len(self.cycle.body))
+
+
+def body_reader(reads: list[int], wait_s: float) -> Any:
+    """An app that waits `wait_s` (the parsing and runs of other requests), then reads its request's
+    body, counting the reads, and answers the body's length and a digest of it."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(wait_s)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        reads.append(len(chunks))
+        body = b"".join(chunks)
+        answer = f"{len(body)} {hash(body)}".encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+    return app
+
+
+def test_request_bodies_reach_the_app_whole_in_few_reads_and_reading_pauses_at_the_high_water_mark():
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    from kubetrt.serving.http_protocol import HIGH_WATER_BYTES
+
+    body = np.random.default_rng(0).bytes(3 << 20)
+    reads: list[int] = []
+
+    def send_all(protocol: Any, wait_s: float, streamed: bool = False) -> int:
+        reads.clear()
+        with LiveServer(body_reader(reads, wait_s), http=protocol) as live, httpx.Client(base_url=live.url) as client:
+            content = iter([body[: 1 << 20], body[1 << 20:]]) if streamed else body  # chunked transfer coding
+            response = client.post("/", content=content, timeout=30)
+        assert response.text == f"{len(body)} {hash(body)}"
+        return reads[0]
+
+    # the app reads after the body has come: uvicorn's own protocol hands it on in pieces of 64 KiB
+    # read one turn of the loop apart; this one in pieces of about HIGH_WATER_BYTES
+    ours, uvicorns = send_all(HeldBodies, 0.3), send_all(HttpToolsProtocol, 0.3)
+    assert ours <= len(body) // HIGH_WATER_BYTES + 1 < 12 <= uvicorns, (ours, uvicorns)
+    assert send_all(HeldBodies, 0.0) >= 1 and send_all(HeldBodies, 0.0, streamed=True) >= 1
+    # reading stopped once HIGH_WATER_BYTES were held: at most one more read of the socket (256 KiB) beyond
+    assert HIGH_WATER_BYTES <= HeldBodies.most_held <= HIGH_WATER_BYTES + (256 << 10), HeldBodies.most_held
