@@ -99,9 +99,10 @@ class ServingHttpProtocol(HttpToolsProtocol):
         cycle = self.cycle
         if (self.parser.should_upgrade() and self._should_upgrade()) or cycle.response_complete:
             return
-        held = cycle.body
+        held: BodyPieces | bytearray = cycle.body
         if not isinstance(held, BodyPieces):  # the cycle's own bytearray: new, or reset by a read
-            held = cycle.body = BodyPieces(held)  # type: ignore[assignment]
+            held = BodyPieces(held)
+            cycle.body = held  # type: ignore[assignment]  # the cycle takes only len() and bytes() of it
         held.append(body)
         if len(held) > HIGH_WATER_BYTES:
             self.flow.pause_reading()
