@@ -6,6 +6,7 @@ gating, perturbing), never reimplementations.
 """
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import Future
@@ -57,6 +58,28 @@ class LiveServer:
     @property
     def registry(self):
         return self.app.state.registry
+
+
+def body_reader(reads: list[int], wait_s: float) -> Any:
+    """An app that waits `wait_s` (the parsing and runs of other requests), then reads its request's
+    body, counting the reads, and answers the body's length and a digest of it."""
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return
+        await asyncio.sleep(wait_s)
+        chunks, more = [], True
+        while more:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            more = message.get("more_body", False)
+        reads.append(len(chunks))
+        body = b"".join(chunks)
+        answer = f"{len(body)} {hash(body)}".encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
+        await send({"type": "http.response.body", "body": answer})
+
+    return app
 
 
 def cnn_input(rows: int = 1, seed: int = 0) -> np.ndarray:

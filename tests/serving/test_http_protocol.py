@@ -15,7 +15,7 @@ from starlette.routing import Route
 from kubetrt.serving.app import create_app
 from kubetrt.serving.http_protocol import ServingHttpProtocol
 from kubetrt.serving.registry import ServingConfig
-from serving_support import LiveServer, cnn_input
+from serving_support import LiveServer, body_reader, cnn_input
 
 
 class SocketWrites:
@@ -120,28 +120,6 @@ class HeldBodies(ServingHttpProtocol):
     def on_body(self, body: bytes) -> None:
         super().on_body(body)
         HeldBodies.most_held = max(HeldBodies.most_held, len(self.cycle.body))
-
-
-def body_reader(reads: list[int], wait_s: float) -> Any:
-    """An app that waits `wait_s` (the parsing and runs of other requests), then reads its request's
-    body, counting the reads, and answers the body's length and a digest of it."""
-
-    async def app(scope: Any, receive: Any, send: Any) -> None:
-        if scope["type"] != "http":
-            return
-        await asyncio.sleep(wait_s)
-        chunks, more = [], True
-        while more:
-            message = await receive()
-            chunks.append(message.get("body", b""))
-            more = message.get("more_body", False)
-        reads.append(len(chunks))
-        body = b"".join(chunks)
-        answer = f"{len(body)} {hash(body)}".encode()
-        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", str(len(answer)).encode())]})
-        await send({"type": "http.response.body", "body": answer})
-
-    return app
 
 
 def test_request_bodies_reach_the_app_whole_in_few_reads_and_reading_pauses_at_the_high_water_mark():
