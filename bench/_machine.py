@@ -54,3 +54,15 @@ def cpu_line() -> str:
 def cpu_tag() -> str:
     """The short form each result line carries: '[AMD EPYC | avx512_core_bf16]'."""
     return f"[{cpu_model()} | {onednn_isa()}]"
+
+
+def device_line(device: str) -> str:
+    """What a device runtime reports about this node: 'cuda: NVIDIA-H100-80GB-HBM3, cc 9.0, cupy...'."""
+    try:
+        from kubetrt.runtime.devices import node_identity
+
+        ident = node_identity(device)
+        return f"{device}: {ident.gpu_product}, cc {ident.compute_capability}, {ident.backend_version}"
+    except Exception as err:  # noqa: BLE001 - the line says why the device is unknown
+        return f"{device}: unknown ({type(err).__name__}: {err})"
+

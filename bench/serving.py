@@ -206,6 +206,7 @@ class Server:
     grpc_port: int = field(default_factory=free_port)
     metrics_port: int = field(default_factory=free_port)
     device: str = "host"  # kubetrt's; the peers run onnxruntime on the CPU
+    max_batch_size: int | None = None  # kubetrt's; None: kubetrt serve's default
     grpc: bool = True
     grpc_missing: str = ""
     proc: subprocess.Popen[bytes] | None = None
@@ -222,6 +223,8 @@ class Server:
             kubetrt = Path(sys.executable).parent / "kubetrt"
             cmd = [str(kubetrt), "serve", str(self.model.package), "--host", "127.0.0.1", "--port", str(self.http_port),
                    "--device", self.device]
+            if self.max_batch_size is not None:
+                cmd += ["--max-batch-size", str(self.max_batch_size)]
             help_text = subprocess.run([str(kubetrt), "serve", "--help"], capture_output=True, text=True).stdout
             if "--grpc-port" in help_text:
                 cmd += ["--grpc-port", str(self.grpc_port)]
@@ -564,10 +567,11 @@ def progress(msg: str) -> None:
 
 
 def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[str], clients: list[int],
-                      seconds: float, warmup: float, timeout: float, work: Path, device: str) -> list[Cell]:
+                      seconds: float, warmup: float, timeout: float, work: Path, device: str,
+                      max_batch_size: int | None = None) -> list[Cell]:
     """One server up, its answers checked, its cells measured, the server stopped."""
     cells = [Cell(kind, model.name, p, c) for p in protocols for c in clients]
-    server = Server(kind, model, device=device)
+    server = Server(kind, model, device=device, max_batch_size=max_batch_size)
     t0 = time.monotonic()
     try:
         server.start(work)
@@ -676,6 +680,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each cell (not counted)")
     p.add_argument("--timeout", type=float, default=10.0, help="a request unanswered this long counts as a timeout")
     p.add_argument("--device", default="host", help="kubetrt serve --device (the peers run onnxruntime on the CPU)")
+    p.add_argument("--max-batch-size", type=int, default=None,
+                   help="kubetrt serve --max-batch-size (1 turns its batching off; default: serve's own)")
     a = p.parse_args(argv)
     for tool in ("wrk",):
         if shutil.which(tool) is None and {"json", "binary"} & set(a.protocols):
@@ -695,13 +701,16 @@ def main(argv: list[str] | None = None) -> int:
                 server_dir = work / name / kind
                 server_dir.mkdir(parents=True, exist_ok=True)
                 cells += serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
-                                           a.timeout, server_dir, a.device)
+                                           a.timeout, server_dir, a.device, a.max_batch_size)
     print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
-          f"servers taking turns; REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s")
+          f"servers taking turns; REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s; "
+          f"kubetrt --max-batch-size {a.max_batch_size if a.max_batch_size is not None else 'default'}")
     sys.path.insert(0, str(HERE))
-    from _machine import cpu_line
+    from _machine import cpu_line, device_line
 
     print(cpu_line())
+    if a.device != "host":
+        print(f"kubetrt's device: {device_line(a.device)}")
     print(f"Python {platform.python_version()} ({sys.executable}); peers in {CACHE / 'peers'}: {peer_versions(a.servers)}\n")
     report(cells, a.models, a.protocols, a.clients, a.servers)
     print(f"\nwhat serving adds at one client: p50 minus the engine's in-process batch-1 p50 (kubetrt on {a.device}, "
