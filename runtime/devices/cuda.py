@@ -44,6 +44,11 @@ CUPY_MISSING = "cupy is not installed (pip install kubetrt[gpu])"
 DTYPES: dict[str, np.dtype] = {"fp32": np.dtype(np.float32), "fp16": np.dtype(np.float16)}
 
 
+def rows_of(x: np.ndarray, rows: int) -> np.ndarray:
+    """`x`'s leading rows repeated to `rows` rows (a batch to time at, from a smaller one)."""
+    return x if x.shape[0] == rows else np.resize(x, (rows, *x.shape[1:]))
+
+
 def batch_bucket(rows: int) -> int:
     """The batch size whose captured graph serves `rows`: the next power of two."""
     return 1 << max(rows - 1, 0).bit_length()
@@ -232,6 +237,9 @@ class NumpyStandIn:
     def native(self) -> Any:
         return None
 
+    def dnn(self, math_mode: str) -> Any:
+        raise DeviceUnavailableError("the NumPy stand-in has no cuDNN")
+
     def synchronize(self) -> None:
         return None
 
@@ -246,6 +254,7 @@ class CupyBackend:
         self._cp: Any = None
         self._cublas: dict[str, Any] = {}
         self._native: Any = None
+        self._dnn: dict[str, Any] = {}
 
     @property
     def xp(self) -> Any:
@@ -304,6 +313,18 @@ class CupyBackend:
         if self._native is None:
             self._native = NativeKernels(self.xp)
         return self._native
+
+    def dnn(self, math_mode: str) -> Any:
+        """cuDNN for the `cudnn` conv algorithm; DeviceUnavailableError where it cannot load."""
+        from .cudnn import Cudnn
+
+        if math_mode not in self._dnn:
+            try:
+                self._dnn[math_mode] = Cudnn(self.xp, math_mode)
+            except (OSError, AttributeError) as e:  # no libcudnn, or one without the legacy convolution API
+                raise DeviceUnavailableError(f"cuDNN is not usable here ({e}); pip install nvidia-cudnn-cu13 "
+                                             "(or -cu12), or use conv_algo im2col") from e
+        return self._dnn[math_mode]
 
     def fused_epilogue(self) -> Callable[..., Any]:
         cp = self.xp
@@ -493,7 +514,7 @@ class CudaRuntime:
         return self.backend.identity()
 
     def build_plan(self, graph: Graph, precision: str = "fp32", conv_algo: str = "im2col",
-                   math: str = "default") -> DevicePlan:
+                   math: str = "default", conv_choices: dict[str, int] | None = None) -> DevicePlan:
         if precision not in DTYPES:
             raise ValueError(f"cuda runtime precision {precision!r}: expected fp32 or fp16 (int8 needs TensorRT)")
         if conv_algo not in ck.CONV_ALGOS:
@@ -501,7 +522,8 @@ class CudaRuntime:
         if math not in MATH_MODES:
             raise ValueError(f"cuda math mode {math!r}: expected one of {', '.join(MATH_MODES)}")
         ctx = ck.DeviceContext(self.backend.xp, DTYPES[precision], conv_algo, self.backend.fused_epilogue(),
-                               self.backend.gemm(math), self.backend.native())
+                               self.backend.gemm(math), self.backend.native(),
+                               self.backend.dnn(math) if conv_algo == "cudnn" else None, dict(conv_choices or {}))
         return DevicePlan(graph, ctx, self.backend.to_host)
 
     def prepare(self, graph: Graph, options: dict[str, Any]) -> CudaExecutable:
@@ -510,9 +532,10 @@ class CudaRuntime:
         opts = dict(options)
         engine_dir = opts.get("engine_dir")
         if engine_dir and (Path(engine_dir) / TUNING_FILE).is_file():
-            opts.update(self._tuning_for_this_gpu(Path(engine_dir) / TUNING_FILE)["choice"])
+            tuning = self._tuning_for_this_gpu(Path(engine_dir) / TUNING_FILE)
+            opts.update(tuning["choice"], conv_choices=tuning.get("conv_choices", {}))
         plan = self.build_plan(graph, opts.get("precision", "fp32"), opts.get("conv_algo", "im2col"),
-                               opts.get("math", "default"))
+                               opts.get("math", "default"), opts.get("conv_choices"))
         return CudaExecutable(plan, self.backend, bool(opts.get("cuda_graphs", True)), int(opts.get("contexts", 2)))
 
     def _tuning_for_this_gpu(self, path: Path) -> dict[str, Any]:
@@ -528,11 +551,20 @@ class CudaRuntime:
     def candidates(self, precision: str = "fp32") -> list[Choice]:
         graphs = (True, False) if self.backend.can_capture else (False,)
         maths = MATH_MODES if precision == "fp32" and self.backend.can_capture else ("default",)
-        return [Choice(a, g, m) for a in ck.CONV_ALGOS for g in graphs for m in maths]
+        return [Choice(a, g, m) for a in self.conv_algos() for g in graphs for m in maths]
+
+    def conv_algos(self) -> list[str]:
+        """The conv algorithms this node can run: cudnn only where cuDNN loads."""
+        try:
+            self.backend.dnn("default")
+        except DeviceUnavailableError:
+            return [a for a in ck.CONV_ALGOS if a != "cudnn"]
+        return list(ck.CONV_ALGOS)
 
     def tune(self, graph: Graph, target: Target, golden: dict[int, Any], repeats: int = 10) -> dict[str, Any]:
-        """Time every candidate on this GPU at the largest golden batch; keep the fastest one whose
-        outputs match TensorFlow's golden outputs at the tolerance verification will hold it to."""
+        """Time every candidate on this GPU at the target's optimal batch (the golden rows repeated;
+        which convolution wins depends on the batch); keep the fastest one whose outputs match
+        TensorFlow's golden outputs at the tolerance verification will hold it to."""
         self.check_available()
         precision = target.precision
         if precision not in DTYPES:
@@ -540,23 +572,29 @@ class CudaRuntime:
         tol = tolerance_for(precision, device_class(target.backend))
         if not golden:
             raise ValueError("tuning needs golden inputs and outputs; the package has none")
-        batch = max(golden)
+        largest = max(golden)
+        dynamic = all(v.shape and v.shape[0] == -1 for v in graph.inputs)
+        batch = max(largest, target.profile.opt) if dynamic else largest
+        feeds = [rows_of(golden[largest][0][v.name], batch) for v in graph.inputs]
         names = [o.name for o in graph.outputs]
         report: dict[str, Any] = {}
-        best: tuple[float, Choice] | None = None
+        best: tuple[float, Choice, dict[str, int]] | None = None
         for choice in self.candidates(precision):
-            exe = self.prepare(copy.deepcopy(graph), {"precision": precision, "conv_algo": choice.conv_algo,
-                                                      "cuda_graphs": choice.cuda_graphs, "math": choice.math,
-                                                      "contexts": 1})
-            checks = [compare(dict(zip(names, exe.run([ins[v.name] for v in graph.inputs]))), outs, tol)
-                      for _, (ins, outs) in sorted(golden.items())]
-            feeds = [golden[batch][0][v.name] for v in graph.inputs]
-            ms = median_seconds(lambda: exe.run(feeds), repeats) * 1e3
+            try:
+                exe = self.prepare(copy.deepcopy(graph), {"precision": precision, "conv_algo": choice.conv_algo,
+                                                          "cuda_graphs": choice.cuda_graphs, "math": choice.math,
+                                                          "contexts": 1})
+                checks = [compare(dict(zip(names, exe.run([ins[v.name] for v in graph.inputs]))), outs, tol)
+                          for _, (ins, outs) in sorted(golden.items())]
+                ms = median_seconds(lambda: exe.run(feeds), repeats) * 1e3
+            except (KernelError, DeviceUnavailableError) as e:  # this candidate cannot run here; the others may
+                report[choice.label()] = {"error": str(e)}
+                continue
             ok = all(c.passed for c in checks)
             report[choice.label()] = {"median_ms": round(ms, 4), "accurate": ok,
                                       "max_abs_error": max(c.max_abs_error for c in checks)}
             if ok and (best is None or ms < best[0]):
-                best = (ms, choice)
+                best = (ms, choice, dict(exe.plan.ctx.conv_choices))
         if best is None:
             raise KernelError(f"no cuda configuration matches the golden outputs within {tol.describe()}: {report}")
         choice = best[1]
@@ -565,7 +603,7 @@ class CudaRuntime:
         ident = self.identity()
         tuning = {"choice": chosen, "tuned_batch": batch, "candidates": report, "device": self.backend.name,
                   "gpu_product": ident.gpu_product, "compute_capability": ident.compute_capability,
-                  "backend_version": ident.backend_version}
+                  "backend_version": ident.backend_version, "conv_choices": best[2]}
         return {**chosen, "tuned_batch": batch, "candidates": report,
                 "_files": {TUNING_FILE: (json.dumps(tuning, indent=2, sort_keys=True) + "\n").encode()}}
 

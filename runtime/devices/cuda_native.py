@@ -24,24 +24,30 @@ _COMPUTE_32F, _COMPUTE_32F_FAST_TF32 = 68, 77
 _GEMM_DEFAULT = -1
 
 
-def _load_cublas() -> ctypes.CDLL:
+def load_nvidia_library(name: str, sonames: list[str], extra_paths: list[str] | None = None) -> ctypes.CDLL:
+    """An NVIDIA library as CuPy finds its own (cuda.pathfinder: pip wheels or the CUDA toolkit),
+    else by path or soname on the loader's path."""
     names = []
     try:
         from cuda.pathfinder import load_nvidia_dynamic_lib  # the loader CuPy itself uses
 
-        path = load_nvidia_dynamic_lib("cublas").abs_path
+        path = load_nvidia_dynamic_lib(name).abs_path
         if path:
             names.append(path)
-    except Exception:  # older CuPy: no pathfinder; the library is on the loader's path
+    except Exception:  # older CuPy: no pathfinder, or it does not know this library
         pass
-    names += ["libcublas.so.13", "libcublas.so.12", "libcublas.so"]
+    names += (extra_paths or []) + sonames
     errors = []
-    for name in names:
+    for candidate in names:
         try:
-            return ctypes.CDLL(name)
+            return ctypes.CDLL(candidate)
         except OSError as e:
-            errors.append(f"{name}: {e}")
-    raise OSError("cuBLAS could not be loaded: " + "; ".join(errors))
+            errors.append(f"{candidate}: {e}")
+    raise OSError(f"{name} could not be loaded: " + "; ".join(errors))
+
+
+def _load_cublas() -> ctypes.CDLL:
+    return load_nvidia_library("cublas", ["libcublas.so.13", "libcublas.so.12", "libcublas.so"])
 
 
 def _check(status: int, what: str) -> None:
@@ -179,13 +185,13 @@ __global__ void im2col(const T* x, T* cols, I total, int C, int H, int W, int OH
   cols[out] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[(((I)n * C + c) * H + ih) * W + iw] : T(0.f);
 }
 
-// y = act(y + bias[c] + res) in place over (N, C, P); grid (P blocks, C, N)
+// y = act(y + bias[c] + res) in place over (N, C, P), one thread per element: a grid of rows of P
+// would leave most of each block idle where P is a late stage's 7x7
 template <typename T, typename I>
 __global__ void bias_act(T* y, const T* bias, const T* res, I total, int C, int P, int has_bias, int has_res) {
-  int p = blockIdx.x * blockDim.x + threadIdx.x;
-  if (p >= P) return;
-  int c = blockIdx.y;
-  I idx = ((I)blockIdx.z * C + c) * P + p;
+  I idx = (I)blockIdx.x * blockDim.x + threadIdx.x;
+  if (idx >= total) return;
+  int c = (int)((idx / P) % C);
   float v = ld(y, idx);
   if (has_bias) v += ld(bias, c);
   if (has_res) v += ld(res, idx);
@@ -237,7 +243,7 @@ class NativeKernels:
                 names = [f"{k}<{t}, {i}>" for k in ("depthwise", "im2col", "bias_act", "pool") for t in ("float", "__half")
                          for i in ("int", "long")]
                 module = self._modules[activation] = self.cp.RawModule(
-                    code=_SOURCE.replace("ACTIVATION", activation), options=("--std=c++14",), name_expressions=names)
+                    code=_SOURCE.replace("ACTIVATION", activation), options=("--std=c++17",), name_expressions=names)
         index = "int" if isinstance(total, np.int32) else "long"
         return module.get_function(f"{name}<{'__half' if dtype == np.float16 else 'float'}, {index}>")
 
@@ -269,10 +275,9 @@ class NativeKernels:
         res = y if residual is None else cp.ascontiguousarray(residual)
         b = y if bias is None else cp.ascontiguousarray(bias)
         total = self._index(y.size, y)
-        self._check_grid(c, n)
-        self._launch_rows(self._kernel("bias_act", y.dtype, total, activation), width, (c, n),
-                          (y, b, res, total, np.int32(c), np.int32(width), np.int32(bias is not None),
-                           np.int32(residual is not None)))
+        self._launch(self._kernel("bias_act", y.dtype, total, activation), y.size,
+                     (y, b, res, total, np.int32(c), np.int32(width), np.int32(bias is not None),
+                      np.int32(residual is not None)))
         return y
 
     def depthwise(self, x: Any, w: Any, bias: Any, residual: Any, activation: str, oh: int, ow: int,

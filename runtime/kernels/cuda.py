@@ -29,7 +29,7 @@ from .registry import ints, KernelSpec, norm_axis, register_device
 Run = Callable[..., tuple[Any, ...]]
 DEVICE = "cuda"
 
-CONV_ALGOS = ("im2col", "shifted")
+CONV_ALGOS = ("im2col", "shifted", "cudnn")
 
 
 @dataclass
@@ -42,6 +42,8 @@ class DeviceContext:
     fused_epilogue: Callable[..., Any] | None = None  # GPU: ElementwiseKernel builder (see devices/cuda.py)
     gemm: Callable[[Any, Any], Any] | None = None  # GPU: cuBLAS that a CUDA Graph may record (devices/cuda_native.py)
     native: Any = None  # GPU: one-launch convolution, gather and pool kernels (devices/cuda_native.py)
+    dnn: Any = None  # GPU, conv_algo "cudnn": cuDNN's convolutions (devices/cudnn.py)
+    conv_choices: dict[str, int] = field(default_factory=dict)  # per layer and input shape: cuDNN algorithm, or -1: GEMMs
     stats: dict[str, int] = field(default_factory=dict)
 
     def matmul(self, a: Any, b: Any) -> Any:
@@ -111,8 +113,10 @@ def conv(spec: KernelSpec) -> Run:
 
     Algorithms for dense k>1 convolutions, chosen per GPU type by tuning: `im2col` gathers all
     taps into one (C*kh*kw, OH*OW) matrix and runs one large GEMM; `shifted` runs one GEMM per
-    tap over a strided view and accumulates, trading GEMM size for no im2col buffer. On a GPU,
-    depthwise convolutions (epilogue included) and the im2col gather are one launch each.
+    tap over a strided view and accumulates, trading GEMM size for no im2col buffer; `cudnn`
+    (GPU only) runs each layer and input shape on whichever measured faster there, cuDNN's best
+    algorithm or the im2col GEMMs (im2col where the padding is asymmetric). On a GPU, depthwise
+    convolutions (epilogue included) and the im2col gather are one launch each.
     """
     ctx = _ctx(spec)
     xp = ctx.xp
@@ -129,28 +133,28 @@ def conv(spec: KernelSpec) -> Run:
     algo = ctx.conv_algo
     native = ctx.native
     act_c = cuda_expr(spec.attrs.get("activation"))
+    dnn_layers: dict[tuple[int, ...], Any] = {}
 
-    def run(x: Any, _w: Any = None, _b: Any = None, residual: Any = None) -> tuple[Any, ...]:
+    def dnn_conv(x: Any, oh: int, ow: int, strides: list[int], pads: list[int], dil: list[int],
+                 gemm_path: Callable[[], Any]) -> Any:
+        geometry = (*strides, *pads, *dil)
+        layer = dnn_layers.get(geometry)
+        if layer is None:
+            layer = dnn_layers[geometry] = ctx.dnn.layer(w, pads, strides, dil, group, ctx.conv_choices, spec.name)
+        return layer(x, oh, ow, gemm_path)
+
+    def gemm_conv(x: Any, oh: int, ow: int, strides: list[int], b: list[int], e: list[int], dil: list[int]) -> Any:
+        """The convolution without its epilogue, as cuBLAS GEMMs: (N, O, OH, OW)."""
         n, c, h, wd = x.shape
-        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
-        oh = out_size(h, kh, strides[0], dil[0], b[0], e[0])
-        ow = out_size(wd, kw, strides[1], dil[1], b[1], e[1])
-        if c != cg * group:
-            raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
         depthwise = group == c and o == c and cg == 1
         if group == 1 and kh == kw == 1 and strides == [1, 1] and not any(b) and not any(e):
             y = ctx.matmul(w2, x.reshape(n, c, h * wd))
-        elif native is not None and depthwise and act_c is not None:  # one launch, epilogue included
-            bias_now = bias if bias is not None else _b
-            y = native.depthwise(x, w, bias_now, residual, act_c, oh, ow, strides, b, dil)
-            return (y,)
-        elif native is not None and algo == "im2col" and (group == 1 or n == 1):
+        elif native is not None and algo in ("im2col", "cudnn") and (group == 1 or n == 1):
             cols = native.im2col(x, kh, kw, oh, ow, strides, b, dil)  # (N, C*kh*kw, P), channel-major like w
             if group == 1:
                 y = ctx.matmul(w2, cols)
             else:
                 y = ctx.matmul(w2.reshape(group, o // group, cg * kh * kw), cols.reshape(group, cg * kh * kw, oh * ow))
-            y = y.reshape(n, o, oh * ow)
         else:
             xpad = _pad(xp, x, b, e)
             if depthwise:  # per-channel scaled taps
@@ -158,7 +162,6 @@ def conv(spec: KernelSpec) -> Run:
                 for i in range(kh):
                     for j in range(kw):
                         y += _tap(xp, xpad, i, j, strides, dil, oh, ow) * w[:, 0, i, j].reshape(1, c, 1, 1)
-                y = y.reshape(n, o, oh * ow)
             elif group == 1 and algo == "shifted":
                 y = None
                 for i in range(kh):
@@ -170,8 +173,23 @@ def conv(spec: KernelSpec) -> Run:
                 cols = xp.stack([_tap(xp, xpad, i, j, strides, dil, oh, ow) for i in range(kh) for j in range(kw)], axis=2)
                 cols = cols.reshape(n, group, cg * kh * kw, oh * ow)  # (N, G, Cg*kh*kw, P): channel-major like w
                 og = o // group
-                y = ctx.matmul(w2.reshape(group, og, cg * kh * kw), cols).reshape(n, o, oh * ow)
-        y = y.reshape(n, o, oh, ow)
+                y = ctx.matmul(w2.reshape(group, og, cg * kh * kw), cols)
+        return y.reshape(n, o, oh, ow)
+
+    def run(x: Any, _w: Any = None, _b: Any = None, residual: Any = None) -> tuple[Any, ...]:
+        n, c, h, wd = x.shape
+        strides, dil, b, e = conv_geometry(spec, (h, wd), (kh, kw))
+        oh = out_size(h, kh, strides[0], dil[0], b[0], e[0])
+        ow = out_size(wd, kw, strides[1], dil[1], b[1], e[1])
+        if c != cg * group:
+            raise ValueError(f"Conv {spec.name}: input has {c} channels, weights expect {cg * group}")
+        if native is not None and act_c is not None and group == c and o == c and cg == 1:
+            # depthwise: one launch, epilogue included
+            return (native.depthwise(x, w, bias if bias is not None else _b, residual, act_c, oh, ow, strides, b, dil),)
+        if ctx.dnn is not None and b == e:  # cuDNN pads symmetrically only
+            y = dnn_conv(x, oh, ow, strides, b, dil, lambda: gemm_conv(x, oh, ow, strides, b, e, dil))
+        else:
+            y = gemm_conv(x, oh, ow, strides, b, e, dil)
         if native is not None and act_c is not None and y.flags.c_contiguous:  # one pass, no broadcast indexing
             return (native.bias_act(y, bias if bias is not None else _b, residual, act_c),)
         return (finish(y, bias if bias is not None or _b is None else _b.reshape(1, -1, 1, 1), residual),)

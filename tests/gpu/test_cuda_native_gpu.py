@@ -1,5 +1,5 @@
-"""The cuda runtime's native GPU parts (cuBLAS on its own handle, the one-launch depthwise,
-im2col and pooling kernels) against onnxruntime, eager and replayed from a CUDA Graph.
+"""The cuda runtime's native GPU parts (cuBLAS on its own handle, cuDNN's convolutions, the one-launch
+depthwise, im2col and pooling kernels) against onnxruntime, eager and replayed from a CUDA Graph.
 Skipped where CuPy or a GPU is absent; on a GPU node: pytest tests/gpu/test_cuda_native_gpu.py."""
 from __future__ import annotations
 
@@ -21,12 +21,13 @@ def _rng(seed: int, shape: tuple[int, ...]) -> np.ndarray:
     return np.random.default_rng(seed).standard_normal(shape).astype(np.float32)
 
 
-def _check(rt: CudaRuntime, model: Any, feeds: dict[str, np.ndarray], precision: str) -> Any:
+def _check(rt: CudaRuntime, model: Any, feeds: dict[str, np.ndarray], precision: str, conv_algo: str = "im2col") -> Any:
     """Runs eager and replayed; both must match onnxruntime at the precision's gpu tolerance."""
     want = run_ort(model, feeds)
     tol = tolerance_for(precision, GPU)
     for graphs in (False, True):
-        exe = rt.prepare(from_proto(model), {"precision": precision, "cuda_graphs": graphs, "contexts": 1})
+        exe = rt.prepare(from_proto(model), {"precision": precision, "cuda_graphs": graphs, "contexts": 1,
+                                             "conv_algo": conv_algo})
         for _ in range(2):  # capture, then replay
             got = exe.run([feeds[k] for k in feeds])
             for g, w in zip(got, want):
@@ -51,9 +52,13 @@ CONV_CASES = [  # (id, weight shape, attrs, input shape, epilogue)
 ]
 
 
+@pytest.mark.parametrize("algo", ["im2col", "cudnn"])
 @pytest.mark.parametrize("precision", ["fp32", "fp16"])
 @pytest.mark.parametrize("case", CONV_CASES, ids=[c[0] for c in CONV_CASES])
-def test_native_convolutions_match_onnxruntime_eager_and_replayed(gpu: CudaRuntime, case: Any, precision: str) -> None:
+def test_native_convolutions_match_onnxruntime_eager_and_replayed(gpu: CudaRuntime, case: Any, precision: str,
+                                                                  algo: str) -> None:
+    if algo not in gpu.conv_algos():
+        pytest.skip("cuDNN does not load on this GPU node")
     _, wshape, attrs, xshape, tail = case
     x = _rng(1, xshape)
     inits = {"w": _rng(2, wshape) * 0.3, "b": _rng(3, (wshape[0],))}
@@ -68,7 +73,9 @@ def test_native_convolutions_match_onnxruntime_eager_and_replayed(gpu: CudaRunti
     else:
         nodes.append(node("Identity", ["c"], ["y"]))
     model = make_model(nodes, {"x": x}, ["y"], inits)
-    _check(gpu, model, {"x": x}, precision)
+    exe = _check(gpu, model, {"x": x}, precision, algo)
+    if algo == "cudnn" and "depthwise" not in case[0] and attrs.get("pads", [0, 0, 0, 0])[:2] == attrs.get("pads", [0] * 4)[2:]:
+        assert exe.plan.ctx.conv_choices, "cuDNN ran the convolution and recorded its algorithm"
 
 
 POOL_CASES = [

@@ -11,7 +11,7 @@ import pytest
 from helpers import check_all_batches, fresh, load
 from kubetrt.runtime import load_model, ops
 from kubetrt.runtime import accuracy
-from kubetrt.runtime.devices import cuda, resolve_target
+from kubetrt.runtime.devices import cuda, cudnn, resolve_target
 from kubetrt.runtime.engine import build_engine
 from kubetrt.runtime.package import open_package
 from kubetrt.runtime.devices.cuda import (
@@ -222,3 +222,121 @@ def test_cuda_tuning_record_measured_on_another_gpu_product_is_refused(zoo, tmp_
     (tmp_path / cuda.TUNING_FILE).write_text(json.dumps({**record, "gpu_product": "NVIDIA-A100-SXM4-80GB"}))
     with pytest.raises(TargetError, match="tuned on NVIDIA-A100-SXM4-80GB, and this node's GPU is NumPy-Stand-In"):
         STAND_IN.prepare(fresh(graph), {"engine_dir": str(tmp_path)})
+
+
+class FakeCudnnAtTheBoundary:
+    """cuDNN's place in the plan, NumPy behind it: layers convolve by their taps, and a choice is
+    recorded where the plan's choices have none (what timing cudnnFind's best against the GEMM
+    path would decide): here the GEMM path for 1x1 kernels, 'algorithm 1' for the others."""
+
+    def __init__(self) -> None:
+        self.searched: list[str] = []
+        self.layers: list[tuple[tuple[int, ...], list[int], int]] = []
+
+    def layer(self, w, pads, strides, dil, group, choices, key):  # type: ignore[no-untyped-def]
+        self.layers.append((tuple(w.shape), list(pads), group))
+
+        def run(x, oh, ow, gemm_path):  # type: ignore[no-untyped-def]
+            name = f"{key} {'x'.join(map(str, x.shape))}"
+            o, cg, kh, kw = w.shape
+            if name not in choices:
+                self.searched.append(name)
+                choices[name] = cudnn.GEMM_PATH if kh == kw == 1 else 1
+            if choices[name] == cudnn.GEMM_PATH:
+                return gemm_path()
+            n, c = x.shape[:2]
+            xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[0]), (pads[1], pads[1])))
+            y = np.zeros((n, o, oh, ow), dtype=np.float64)
+            og = o // group
+            for g in range(group):
+                xs = xp[:, g * cg:(g + 1) * cg]
+                for i in range(kh):
+                    for j in range(kw):
+                        tap = xs[:, :, i * dil[0]:i * dil[0] + (oh - 1) * strides[0] + 1:strides[0],
+                                 j * dil[1]:j * dil[1] + (ow - 1) * strides[1] + 1:strides[1]]
+                        y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", tap, w[g * og:(g + 1) * og, :, i, j])
+            return y.astype(x.dtype)
+
+        return run
+
+
+class StandInWithFakeCudnn(NumpyStandIn):
+    def __init__(self) -> None:
+        self.fake = FakeCudnnAtTheBoundary()
+
+    def dnn(self, math_mode: str) -> FakeCudnnAtTheBoundary:
+        return self.fake
+
+
+def test_cudnn_conv_algo_is_refused_clearly_where_cudnn_cannot_load(zoo) -> None:
+    graph, _ = load(zoo.package("small_cnn"))
+    assert "cudnn" not in {c.conv_algo for c in STAND_IN.candidates("fp16")}
+    with pytest.raises(cuda.DeviceUnavailableError, match="no cuDNN"):
+        STAND_IN.prepare(graph, {"precision": "fp32", "conv_algo": "cudnn"})
+
+
+def test_fake_cudnn_boundary_takes_every_convolution_and_records_its_choices(zoo, tmp_path) -> None:
+    backend = StandInWithFakeCudnn()
+    rt = CudaRuntime(backend)
+    assert "cudnn" in {c.conv_algo for c in rt.candidates("fp32")}
+    graph, golden = load(zoo.package("small_cnn"))
+    exe = rt.prepare(fresh(graph), {"precision": "fp32", "conv_algo": "cudnn"})
+    check_all_batches(exe.run, graph, golden, 1e-4)
+    convs = [n for n in graph.nodes if n.op == "Conv"]
+    assert len(backend.fake.layers) == len(convs) > 0
+    choices = dict(exe.plan.ctx.conv_choices)
+    assert len(choices) == len(convs) * len(golden) == len(backend.fake.searched)  # one search per layer and shape
+    assert set(choices.values()) == {1, cudnn.GEMM_PATH}  # both paths ran, and the golden outputs still match
+    # an engine tuned on this GPU replays its choices: no search the second time
+    record = {"choice": {"precision": "fp32", "conv_algo": "cudnn", "cuda_graphs": False, "math": "default"},
+              "gpu_product": "NumPy-Stand-In", "conv_choices": choices}
+    (tmp_path / cuda.TUNING_FILE).write_text(json.dumps(record))
+    backend.fake.searched.clear()
+    again = rt.prepare(fresh(graph), {"engine_dir": str(tmp_path)})
+    check_all_batches(again.run, graph, golden, 1e-4)
+    assert backend.fake.searched == [] and again.plan.ctx.conv_choices == choices
+
+
+def test_fake_cudnn_boundary_leaves_fused_depthwise_and_asymmetric_padding_to_the_native_kernels() -> None:
+    """cuDNN's 2-D descriptor pads both sides alike; TF's 'same' stride-2 pads one more at the end."""
+    backend = StandInWithFakeCudnn()
+    rt = CudaRuntime(backend)
+    x = np.random.default_rng(0).standard_normal((1, 4, 8, 8)).astype(np.float32)
+    w = np.random.default_rng(1).standard_normal((6, 4, 3, 3)).astype(np.float32)
+    asym = helper.make_node("Conv", ["x", "w"], ["y"], kernel_shape=[3, 3], strides=[2, 2], pads=[0, 0, 1, 1])
+    model = helper.make_model(helper.make_graph(
+        [asym], "g", [helper.make_tensor_value_info("x", 1, [1, 4, 8, 8])], [helper.make_tensor_value_info("y", 1, None)],
+        [helper.make_tensor("w", 1, w.shape, w.ravel())]), opset_imports=[helper.make_opsetid("", 17)])
+    exe = rt.prepare(from_proto(model), {"precision": "fp32", "conv_algo": "cudnn"})
+    y = exe.run([x])[0]
+    assert backend.fake.layers == [] and y.shape == (1, 6, 4, 4)
+
+
+def test_cuda_tune_times_candidates_at_the_targets_optimal_batch(zoo, monkeypatch) -> None:
+    """Which convolution wins depends on the batch: candidates are timed at the profile's opt rows."""
+    graph, golden = load(zoo.package("small_cnn"))
+    seen: list[int] = []
+    run = cuda.CudaExecutable.run
+
+    def recording(self, feeds):  # type: ignore[no-untyped-def]
+        seen.append(feeds[0].shape[0])
+        return run(self, feeds)
+
+    monkeypatch.setattr(cuda.CudaExecutable, "run", recording)
+    target = Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 16, 32)).resolve("0.0", "x")
+    options = STAND_IN.tune(fresh(graph), target, golden, repeats=2)
+    assert options["tuned_batch"] == 16 and 16 in seen and set(seen) - {16} == set(golden)
+
+
+def test_fake_cudnn_boundary_failing_is_reported_and_another_candidate_chosen(zoo) -> None:
+    class Broken(StandInWithFakeCudnn):
+        def dnn(self, math_mode: str) -> FakeCudnnAtTheBoundary:
+            fake = FakeCudnnAtTheBoundary()
+            fake.layer = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDNN_STATUS_NOT_SUPPORTED"))  # type: ignore[method-assign]
+            return fake
+
+    graph, golden = load(zoo.package("small_cnn"))
+    target = Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 4, 4)).resolve("0.0", "x")
+    options = CudaRuntime(Broken()).tune(fresh(graph), target, golden, repeats=1)
+    assert "CUDNN_STATUS_NOT_SUPPORTED" in options["candidates"]["cudnn"]["error"]
+    assert options["conv_algo"] in ("im2col", "shifted")
