@@ -3,7 +3,9 @@ one run: ResNet-50 and MobileNetV2, batch 1 and 64, fp32 and fp16, device-reside
 outputs, CUDA events after warm-up, the runtimes taking turns round by round.
 
     PYTHONPATH=. python bench/gpu.py --package resnet50=PKG --package mobilenet_v2=PKG
-        [--batches 1 64] [--precision fp32 fp16] [--compile-mode max-autotune] [--rounds 3]
+        [--batches 1 64] [--precision fp32 fp16] [--conv-algos cudnn im2col] [--compile-mode max-autotune] [--rounds 3]
+
+Each kubetrt conv algorithm gets its own CUDA Graph column; the ratios use the fastest of them.
 
 kubetrt runs the lowered Keras package; PyTorch runs torchvision's model of the same architecture
 with random weights: this compares runtimes, not numerics (bench/gpu_check.py checks numerics
@@ -26,6 +28,7 @@ import _bootstrap
 import numpy as np
 from kubetrt.runtime.devices.cuda import CudaRuntime
 from kubetrt.runtime.devices.cuda_native import MATH_MODES
+from kubetrt.runtime.kernels.cuda import CONV_ALGOS
 from kubetrt.runtime.onnx_import import load_package_graph
 from kubetrt.runtime.package import open_package
 
@@ -99,6 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="torch.compile mode; 'none' leaves torch.compile out")
     ap.add_argument("--fp32-math", default="tf32", choices=list(MATH_MODES),
                     help="kubetrt's cuBLAS math for fp32 (PyTorch's convolutions use TF32 by default)")
+    ap.add_argument("--conv-algos", nargs="+", default=["im2col"], choices=list(CONV_ALGOS),
+                    help="kubetrt conv algorithms, one graph column each (cudnn: where cuDNN loads)")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--rounds", type=int, default=3)
     args = ap.parse_args(argv)
@@ -111,26 +116,32 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     compile_mode = None if args.compile_mode == "none" else args.compile_mode
+    algos = args.conv_algos
     print(f"# {ident.gpu_product}, cc {ident.compute_capability}, {ident.backend_version}, torch {torch.__version__}; "
           f"ms per call, median of {args.rounds} rounds of {args.iters} calls, runtimes taking turns; "
-          f"kubetrt fp32 math: {args.fp32_math}", flush=True)
-    head = f"{'model':<13} {'batch':>5} {'prec':<5} {'kubetrt eager':>13} {'kubetrt graph':>13} {'torch eager':>11}"
-    head += f" {'torch.compile':>13} {'eager/graph':>11} {'compile/graph':>13}" if compile_mode else f" {'eager/graph':>11}"
-    print(head, flush=True)
+          f"kubetrt fp32 math: {args.fp32_math}; kubetrt eager runs conv {algos[0]}", flush=True)
+    graph_cols = [f"graph {a}" for a in algos]
+    cols = ["eager", *graph_cols, "torch", *(["compile"] if compile_mode else [])]
+    titles = {"eager": "kubetrt eager", "torch": "torch eager", "compile": "torch.compile",
+              **{g: f"kubetrt {g}" for g in graph_cols}}
+    head = f"{'model':<13} {'batch':>5} {'prec':<5}" + "".join(f" {titles[c]:>{max(13, len(titles[c]))}}" for c in cols)
+    head += f" {'eager/graph':>11}" + (f" {'compile/graph':>13}" if compile_mode else "")
+    print(head + "   (graph: kubetrt's best graph column)", flush=True)
     for name, pkg in packages.items():
         for batch in args.batches:
             for precision in args.precision:
                 t0 = time.perf_counter()
-                runners: dict[str, Callable[[int], float]] = {}
                 math = args.fp32_math if precision == "fp32" else "default"
-                for label, make in [
-                    ("eager", lambda: kubetrt_runner(Path(pkg), batch, precision, {"cuda_graphs": False, "math": math})),
-                    ("graph", lambda: kubetrt_runner(Path(pkg), batch, precision, {"cuda_graphs": True, "math": math})),
-                    ("torch", lambda: torch_runner(name, batch, precision, None)),
-                    ("compile", lambda: torch_runner(name, batch, precision, compile_mode)),
-                ]:
-                    if label == "compile" and not compile_mode:
-                        continue
+                def kubetrt(graphs: bool, algo: str) -> Callable[[], Callable[[int], float]]:
+                    options = {"cuda_graphs": graphs, "math": math, "conv_algo": algo}
+                    return lambda: kubetrt_runner(Path(pkg), batch, precision, options)
+
+                makers = {"eager": kubetrt(False, algos[0]), **{f"graph {a}": kubetrt(True, a) for a in algos},
+                          "torch": lambda: torch_runner(name, batch, precision, None)}
+                if compile_mode:
+                    makers["compile"] = lambda: torch_runner(name, batch, precision, compile_mode)
+                runners: dict[str, Callable[[int], float]] = {}
+                for label, make in makers.items():
                     try:
                         runners[label] = make()
                     except Exception as e:  # report the cell, keep the others
@@ -141,13 +152,12 @@ def main(argv: list[str] | None = None) -> int:
                         times[label].append(run(args.iters))
                 ms = {k: statistics.median(v) for k, v in times.items()}
                 nan = float("nan")
-                g = ms.get("graph", nan)
-                row = (f"{name:<13} {batch:>5} {precision:<5} {ms.get('eager', nan):>13.3f} {g:>13.3f} "
-                       f"{ms.get('torch', nan):>11.3f}")
+                g = min((ms[c] for c in graph_cols if c in ms), default=nan)
+                row = f"{name:<13} {batch:>5} {precision:<5}" + "".join(
+                    f" {ms.get(c, nan):>{max(13, len(titles[c]))}.3f}" for c in cols)
+                row += f" {ms.get('torch', nan) / g:>10.2f}x"
                 if compile_mode:
-                    row += f" {ms.get('compile', nan):>13.3f} {ms.get('torch', nan) / g:>10.2f}x {ms.get('compile', nan) / g:>12.2f}x"
-                else:
-                    row += f" {ms.get('torch', nan) / g:>10.2f}x"
+                    row += f" {ms.get('compile', nan) / g:>12.2f}x"
                 print(row + f"   ({time.perf_counter() - t0:.0f} s)", flush=True)
     return 0
 
