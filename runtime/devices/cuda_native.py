@@ -185,13 +185,13 @@ __global__ void im2col(const T* x, T* cols, I total, int C, int H, int W, int OH
   cols[out] = (ih >= 0 && ih < H && iw >= 0 && iw < W) ? x[(((I)n * C + c) * H + ih) * W + iw] : T(0.f);
 }
 
-// y = act(y + bias[c] + res) in place over (N, C, P), one thread per element: a grid of rows of P
-// would leave most of each block idle where P is a late stage's 7x7
+// y = act(y + bias[c] + res) in place over (N, C, P); grid (P blocks, C, N)
 template <typename T, typename I>
 __global__ void bias_act(T* y, const T* bias, const T* res, I total, int C, int P, int has_bias, int has_res) {
-  I idx = (I)blockIdx.x * blockDim.x + threadIdx.x;
-  if (idx >= total) return;
-  int c = (int)((idx / P) % C);
+  int p = blockIdx.x * blockDim.x + threadIdx.x;
+  if (p >= P) return;
+  int c = blockIdx.y;
+  I idx = ((I)blockIdx.z * C + c) * P + p;
   float v = ld(y, idx);
   if (has_bias) v += ld(bias, c);
   if (has_res) v += ld(res, idx);
@@ -275,9 +275,10 @@ class NativeKernels:
         res = y if residual is None else cp.ascontiguousarray(residual)
         b = y if bias is None else cp.ascontiguousarray(bias)
         total = self._index(y.size, y)
-        self._launch(self._kernel("bias_act", y.dtype, total, activation), y.size,
-                     (y, b, res, total, np.int32(c), np.int32(width), np.int32(bias is not None),
-                      np.int32(residual is not None)))
+        self._check_grid(c, n)
+        self._launch_rows(self._kernel("bias_act", y.dtype, total, activation), width, (c, n),
+                          (y, b, res, total, np.int32(c), np.int32(width), np.int32(bias is not None),
+                           np.int32(residual is not None)))
         return y
 
     def depthwise(self, x: Any, w: Any, bias: Any, residual: Any, activation: str, oh: int, ow: int,
