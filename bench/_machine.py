@@ -65,4 +65,3 @@ def device_line(device: str) -> str:
         return f"{device}: {ident.gpu_product}, cc {ident.compute_capability}, {ident.backend_version}"
     except Exception as err:  # noqa: BLE001 - the line says why the device is unknown
         return f"{device}: unknown ({type(err).__name__}: {err})"
-

@@ -52,7 +52,7 @@ def strip(package: Path, out: Path, weights: str, min_elements: int) -> int:
 
 def restore(out: Path, seed: int = 0) -> None:
     """Turn a stripped folder back into a package: model.onnx refilled, the manifest's digest updated."""
-    from kubetrt.runtime.package import sha256_file
+    from kubetrt.runtime.package import atomic_write_text, sha256_file
 
     model = onnx.load(str(out / STRIPPED))
     stored = np.load(out / WEIGHTS)
@@ -65,13 +65,13 @@ def restore(out: Path, seed: int = 0) -> None:
         shape = tuple(init.dims)
         a = (value.astype(np.float32) if kind == "fp16"
              else rng.normal(value[0], value[1], size=shape).astype(np.float32))
-        init.CopyFrom(numpy_helper.from_array(a.reshape(shape), init.name))
+        init.CopyFrom(numpy_helper.from_array(a, init.name))
     tmp = out / (MODEL + ".tmp")
     onnx.save(model, str(tmp))
     tmp.replace(out / MODEL)
     manifest = json.loads((out / MANIFEST).read_text())
     manifest["files"][MODEL] = sha256_file(out / MODEL)
-    (out / MANIFEST).write_text(json.dumps(manifest, indent=2) + "\n")
+    atomic_write_text(out / MANIFEST, json.dumps(manifest, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -244,16 +244,13 @@ class FakeCudnnAtTheBoundary:
                 choices[name] = cudnn.GEMM_PATH if kh == kw == 1 else 1
             if choices[name] == cudnn.GEMM_PATH:
                 return gemm_path()
-            n, c = x.shape[:2]
-            xp = np.pad(x, ((0, 0), (0, 0), (pads[0], pads[0]), (pads[1], pads[1])))
-            y = np.zeros((n, o, oh, ow), dtype=np.float64)
+            xpad = ck._pad(np, x, pads, pads)
+            y = np.zeros((x.shape[0], o, oh, ow), dtype=np.float64)
             og = o // group
             for g in range(group):
-                xs = xp[:, g * cg:(g + 1) * cg]
                 for i in range(kh):
                     for j in range(kw):
-                        tap = xs[:, :, i * dil[0]:i * dil[0] + (oh - 1) * strides[0] + 1:strides[0],
-                                 j * dil[1]:j * dil[1] + (ow - 1) * strides[1] + 1:strides[1]]
+                        tap = ck._tap(np, xpad[:, g * cg:(g + 1) * cg], i, j, strides, dil, oh, ow)
                         y[:, g * og:(g + 1) * og] += np.einsum("nchw,oc->nohw", tap, w[g * og:(g + 1) * og, :, i, j])
             return y.astype(x.dtype)
 
@@ -328,12 +325,15 @@ def test_cuda_tune_times_candidates_at_the_targets_optimal_batch(zoo, monkeypatc
     assert options["tuned_batch"] == 16 and 16 in seen and set(seen) - {16} == set(golden)
 
 
+class BrokenFakeCudnnAtTheBoundary(FakeCudnnAtTheBoundary):
+    def layer(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise RuntimeError("CUDNN_STATUS_NOT_SUPPORTED")
+
+
 def test_fake_cudnn_boundary_failing_is_reported_and_another_candidate_chosen(zoo) -> None:
     class Broken(StandInWithFakeCudnn):
-        def dnn(self, math_mode: str) -> FakeCudnnAtTheBoundary:
-            fake = FakeCudnnAtTheBoundary()
-            fake.layer = lambda *a, **k: (_ for _ in ()).throw(RuntimeError("CUDNN_STATUS_NOT_SUPPORTED"))  # type: ignore[method-assign]
-            return fake
+        def __init__(self) -> None:
+            self.fake = BrokenFakeCudnnAtTheBoundary()
 
     graph, golden = load(zoo.package("small_cnn"))
     target = Target("cuda", "NumPy-Stand-In", "fp32", BatchProfile(1, 4, 4)).resolve("0.0", "x")
