@@ -152,16 +152,18 @@ if jit.numba is not None:
 
     @jit.njit(cache=True, nogil=True, fastmath={"contract"})
     def _tiles(a, panels, c, res, bias, has_res, form, lo, hi, start, stop):
-        # Task t is a (row block, panel) pair, panels innermost: a block's rows stay in L1 while
-        # the panels stream past them in order (the prefetchers' best case; measured no slower
-        # than reading each panel once when the weights outgrow L2).
+        # Task t is a (panel, row block) pair, row blocks innermost: a member's share is a run of
+        # panels, each read from memory once and kept in cache while every row block passes it,
+        # and the rows (m x k, a few tens of KB) are re-read from L2. Blocks outermost re-read the
+        # whole weight matrix once per block: as fast while it fits in L2, slower once it does not
+        # (an L2 of half a megabyte meets that at a 512 x 512 layer).
         m, k = a.shape
         n = c.shape[1]
-        count = panels.shape[0]
         k4 = k - k % 4
         c_at, res_at, bias_at = c.ctypes.data, res.ctypes.data, bias.ctypes.data
         acc, edge = stack_tile(), stack_tile()
-        block, p = start // count, start % count
+        blocks = (m + MR - 1) // MR
+        p, block = start // blocks, start % blocks
         for _ in range(start, stop):
             i0 = block * MR
             rows = min(MR, m - i0)
@@ -191,9 +193,9 @@ if jit.numba is not None:
                 for kk in range(k):
                     tile_step(acc, a[i0, kk], a[i1, kk], a[i2, kk], a[i3, kk], panels, p, kk)
             _finish(acc, edge, rows, cols, c_at, n, i0, j0, form, lo, hi)
-            p += 1
-            if p == count:
-                block, p = block + 1, 0
+            block += 1
+            if block == blocks:
+                p, block = p + 1, 0
 
     @jit.njit(cache=True, nogil=True, inline="always")
     def _layer_share(kc_at, m, a_at, c_at, res_at, has_res, team, me):
