@@ -65,3 +65,27 @@ def device_line(device: str) -> str:
         return f"{device}: {ident.gpu_product}, cc {ident.compute_capability}, {ident.backend_version}"
     except Exception as err:  # noqa: BLE001 - the line says why the device is unknown
         return f"{device}: unknown ({type(err).__name__}: {err})"
+
+
+ISA_CAPS = ("native", "avx2")
+_WIDER_THAN_AVX2 = ("avx512", "amx", "avx10")  # LLVM feature names of the vector sets above AVX2
+
+
+def isa_cap_env(cap: str) -> dict[str, str]:
+    """The environment that keeps kubetrt's kernels to `cap` on a CPU with more: oneDNN's dispatch,
+    numba's code generation (the runtime's own kernels), oneMKL's and NumPy's. With it an AVX-512
+    machine runs the code an AVX2 one would (on AMD Zen 4 at the same FMA width), so the AVX2
+    kernels can be measured where no AVX2-only machine is at hand. Empty for 'native'."""
+    if cap == "native":
+        return {}
+    if cap != "avx2":
+        raise ValueError(f"ISA cap {cap!r}: expected one of {', '.join(ISA_CAPS)}")
+    import llvmlite.binding as llvm
+    from numpy._core import _multiarray_umath as numpy_dispatch
+
+    features = ",".join(("-" + f[1:]) if f[0] == "+" and f[1:].startswith(_WIDER_THAN_AVX2) else f
+                        for f in llvm.get_host_cpu_features().flatten().split(","))
+    wider = [name for name in numpy_dispatch.__cpu_dispatch__ if name == "X86_V4" or name.startswith("AVX512")]
+    return {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+            "NUMBA_CPU_NAME": "znver2" if "AMD" in cpu_model() else "haswell", "NUMBA_CPU_FEATURES": features,
+            "NPY_DISABLE_CPU_FEATURES": " ".join(wider)}

@@ -2,6 +2,7 @@
 
     python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50 efficientnet_b0 transformer]
                             [--engines ...] [--seconds 3] [--rounds 3] [--baseline DIR] [--int8]
+                            [--kubetrt-isa avx2]
 
 onnxruntime and OpenVINO are the peers a user serving on CPUs compares with: both run the package's
 model.onnx, OpenVINO compiled for the cell's exact batch size. The last lines give, per cell, the
@@ -12,6 +13,10 @@ that does not lower) is reported as failed with the reason; the rest of the run 
 `--int8` adds kubetrt and onnxruntime running the same Q/DQ model (the pipeline's quantize stage
 on each model, calibrated with min-max on seeded random inputs: the data changes the scales, not
 the speed), beside kubetrt fp32, onnxruntime fp32 and TensorFlow fp32.
+
+`--kubetrt-isa avx2` runs kubetrt's AVX2 code on an AVX-512 machine (bench/_machine.py's
+isa_cap_env: oneDNN, numba, oneMKL and NumPy capped), the peers at the CPU's own: a check of the
+AVX2 kernels where no AVX2-only machine is at hand, against a higher bar than such a machine sets.
 
 `--baseline DIR` adds another checkout of kubetrt (e.g. `git worktree add DIR main`) as one more
 engine, `baseline`, taking turns with the others in the same run: a change's before and after,
@@ -45,6 +50,7 @@ ENGINES = ("kubetrt", "tensorflow", "onnxruntime", "openvino")
 PEERS = ("onnxruntime", "openvino")  # the CPU runtimes kubetrt is held to (best-peer/kubetrt)
 INT8_ENGINES = ("kubetrt-int8", "onnxruntime-int8")
 BASELINE = "baseline"
+KUBETRT_ENGINES = ("kubetrt", "kubetrt-int8", BASELINE)  # the workers an ISA cap applies to
 CALIBRATION_SAMPLES = 8
 MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50", "efficientnet_b0", "transformer")
 # Models no kernel or heuristic was tuned on, measured to show a gain carries over (--models all)
@@ -207,7 +213,8 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
             neighbour()
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
-    return {"source": source, "engine": engine, "model": model, "batch": batch, "median_s": med, "mean_s": statistics.fmean(times),
+    isa = sys.modules["kubetrt.runtime.kernels.onednn"].isa_name() if "kubetrt.runtime.kernels.onednn" in sys.modules else None
+    return {"source": source, "isa": isa, "engine": engine, "model": model, "batch": batch, "median_s": med, "mean_s": statistics.fmean(times),
             "p99_s": float(np.percentile(times, 99)), "reps": len(times), "items_per_s": batch / med}
 
 
@@ -291,10 +298,12 @@ def spawn(args: list[str], checkout: Path | None = None, env: dict[str, str] | N
 
 
 def measure(models: list[str], engines: list[str], paths: dict[str, tuple[Path, Path]], seconds: float, rounds: int,
-            baseline: Path | None) -> tuple[dict[tuple[str, str, int], dict[str, Any]], dict[tuple[str, str, int], str]]:
+            baseline: Path | None, kubetrt_env: dict[str, str] | None = None
+            ) -> tuple[dict[tuple[str, str, int], dict[str, Any]], dict[tuple[str, str, int], str]]:
     """Per cell, the median of the rounds' medians, engines taking turns round by round so a noisy
     spell hits all of them alike; and, per failed cell, its reason (a failed engine sits out the
-    cell's later rounds: what failed to build once fails again)."""
+    cell's later rounds: what failed to build once fails again). `kubetrt_env` goes to kubetrt's
+    workers only (the baseline's included): an ISA cap (_machine.isa_cap_env)."""
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     failures: dict[tuple[str, str, int], str] = {}
     for m in models:
@@ -307,7 +316,8 @@ def measure(models: list[str], engines: list[str], paths: dict[str, tuple[Path, 
                     _progress(f"{m} batch {batch} {e} (round {r + 1}/{rounds})")
                     args = ["--worker", e, m, str(batch), *map(str, paths[m]), "--seconds", str(seconds / rounds)]
                     try:
-                        cells[e].append(spawn(args, baseline if e == BASELINE else None))
+                        cells[e].append(spawn(args, baseline if e == BASELINE else None,
+                                              kubetrt_env if e in KUBETRT_ENGINES else None))
                     except WorkerFailed as err:
                         failures[(e, m, batch)] = str(err)
                         _progress(f"{m} batch {batch} {e} failed: {err}")
@@ -338,6 +348,9 @@ def best_peer_lines(times: dict[tuple[str, str, int], float], models: list[str],
 
 
 def main() -> int:
+    sys.path.insert(0, str(HERE))
+    from _machine import ISA_CAPS, cpu_line, cpu_tag, isa_cap_env
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS + UNTUNED + ("all",),
                    help=f"'all' adds the models nothing was tuned on: {', '.join(UNTUNED)}")
@@ -346,6 +359,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell, split over the rounds")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell; the median round is reported")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="another kubetrt checkout, measured as engine 'baseline'")
+    p.add_argument("--kubetrt-isa", choices=ISA_CAPS, default="native",
+                   help="avx2: kubetrt (and the baseline) run their AVX2 code on this CPU, the peers their best")
     p.add_argument("--worker", nargs=5, metavar=("ENGINE", "MODEL", "BATCH", "PACKAGE", "SAVEDMODEL"), help=argparse.SUPPRESS)
     p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -362,8 +377,6 @@ def main() -> int:
         print(json.dumps({"gflops": matmul_peak()}))
         return 0
 
-    sys.path.insert(0, str(HERE))
-    from _machine import cpu_line, cpu_tag
     from _zoo import zoo
 
     if "all" in a.models:
@@ -391,7 +404,7 @@ def main() -> int:
         engines.append(BASELINE)
     _progress("measuring fp32 matmul peak")
     peak = spawn(["--peak"])["gflops"]
-    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline)
+    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, isa_cap_env(a.kubetrt_isa))
 
     from kubetrt.runtime.kernels import blas, onednn
 
@@ -404,7 +417,14 @@ def main() -> int:
             if e in ("kubetrt", BASELINE):
                 sources.setdefault(e, r["source"])
         print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
-    print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}\n")
+    print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}")
+    tag = cpu_tag()
+    if a.kubetrt_isa != "native":
+        isas = sorted({r["isa"] for (e, _, _), r in results.items() if e in KUBETRT_ENGINES and r.get("isa")})
+        tag = f"{tag[:-1]} | kubetrt at {a.kubetrt_isa}]"
+        print(f"kubetrt capped at {a.kubetrt_isa.upper()} (oneDNN dispatched {', '.join(isas) or 'unknown'}; its own "
+              f"kernels, oneMKL and NumPy at {a.kubetrt_isa.upper()}); onnxruntime and OpenVINO at this CPU's own ISA")
+    print()
     head = f"{'model':<16}{'batch':>6}" + "".join(f"{e:>18}" for e in engines)
     if "kubetrt" in engines:
         head += "".join(f"{'vs ' + e:>21}" for e in engines if e != "kubetrt")
@@ -425,7 +445,7 @@ def main() -> int:
                     if e != "kubetrt":
                         other = times.get((e, m, batch))
                         row += f"{other / mine:>20.2f}x" if other is not None and mine is not None else f"{'-':>21}"
-            print(f"{row}  {cpu_tag()}")
+            print(f"{row}  {tag}")
     print("\nratios: >1 means kubetrt is faster (batch 1: latency ratio; batch 32: throughput ratio)")
     if "kubetrt-int8" in engines:
         print("\nkubetrt int8 speed-up (time of the other / time of kubetrt int8):")
@@ -434,7 +454,7 @@ def main() -> int:
                 int8 = times.get(("kubetrt-int8", m, batch))
                 ratios = ", ".join(f"vs {e} {times[(e, m, batch)] / int8:.2f}x" for e in engines
                                    if e != "kubetrt-int8" and int8 is not None and (e, m, batch) in times)
-                print(f"  {m:<16} batch {batch:>2}: {ratios or 'n/a (kubetrt-int8 failed)'}  {cpu_tag()}")
+                print(f"  {m:<16} batch {batch:>2}: {ratios or 'n/a (kubetrt-int8 failed)'}  {tag}")
         print(f"bf16: {bf16_note()}")
     if ("kubetrt", "resnet50", 32) in results:
         flops = model_flops(paths["resnet50"][0])
@@ -449,7 +469,7 @@ def main() -> int:
     lines = best_peer_lines(times, models, engines)
     if lines:
         print(f"\nbest peer ({' or '.join(e for e in PEERS if e in engines)}) time / kubetrt time, fp32; 1.0 = parity, >1 kubetrt is faster:")
-        print("\n".join(f"{line}  {cpu_tag()}" for line in lines))
+        print("\n".join(f"{line}  {tag}" for line in lines))
     return 0
 
 

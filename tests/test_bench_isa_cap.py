@@ -1,0 +1,62 @@
+"""bench/runtime.py --kubetrt-isa avx2: the environment it gives kubetrt's workers really keeps every
+kernel source to AVX2 (oneDNN's dispatch and the blocked layout that follows it, numba's code,
+NumPy's dispatch), on whatever CPU the suite runs."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import file_modules
+
+REPO = Path(__file__).resolve().parents[1]
+machine = file_modules.load("kubetrt_bench_machine", REPO / "bench" / "_machine.py")
+
+PROBE = """
+import json, numba, numpy as np
+from numpy._core import _multiarray_umath as dispatch
+from kubetrt.runtime.kernels import onednn
+
+@numba.njit(fastmath=True)
+def dot(a, b):
+    s = 0.0
+    for i in range(a.size):
+        s += a[i] * b[i]
+    return s
+
+x = np.ones(1024, np.float32)
+dot(x, x)
+asm = next(iter(dot.inspect_asm().values()))
+print(json.dumps({"onednn": onednn.isa_name() if onednn.AVAILABLE else None, "block": onednn.BLOCK,
+                  "zmm": "zmm" in asm, "ymm": "ymm" in asm,
+                  "numpy_avx512": [k for k, v in dispatch.__cpu_features__.items()
+                                   if v and (k == "X86_V4" or k.startswith("AVX512_")) and k in dispatch.__cpu_dispatch__]}))
+"""
+
+
+def probe(env: dict[str, str]) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", PROBE], env={**os.environ, **env}, capture_output=True, text=True,
+                         check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_avx2_cap_keeps_onednn_numba_and_numpy_to_avx2() -> None:
+    got = probe(machine.isa_cap_env("avx2"))
+    if got["onednn"] is not None:
+        assert got["onednn"] == "avx2"
+        assert got["block"] == 8  # the blocked layout follows the capped dispatch
+    assert got["zmm"] is False and got["ymm"] is True  # 256-bit vectors, no 512-bit register
+    assert got["numpy_avx512"] == []
+
+
+def test_native_is_no_cap() -> None:
+    assert machine.isa_cap_env("native") == {}
+
+
+def test_an_unknown_cap_is_named() -> None:
+    with pytest.raises(ValueError, match="'sse2'.*native, avx2"):
+        machine.isa_cap_env("sse2")
