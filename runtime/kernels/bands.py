@@ -15,6 +15,7 @@ arithmetic as the uncut layer's, padding included where the band meets the image
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -169,18 +170,18 @@ def team_rows(rows: list[Row], buffers: list[Buffer], outputs: list[int], bands:
     for i, j in _runs(rows, layers, buffers, outputs):
         run = [layer for layer in layers[i:j] if layer is not None]  # every row's in a run of two or more
         while i < j:
-            best = _best_stretch(rows[i:j], run, bands)
+            best = _best_stretch(rows[i:j], run, bands, buffers)
             if best is None:
                 out.append(rows[i])
                 i, run = i + 1, run[1:]
                 continue
             k, cuts = best
-            out.append(Row(_call(run[:k], cuts, _in_place(rows[i:i + k])), rows[i].src, rows[i + k - 1].dst))
+            out.append(Row(_call(run[:k], cuts, _in_place(rows[i:i + k], buffers)), rows[i].src, rows[i + k - 1].dst))
             i, run = i + k, run[k:]
     return out
 
 
-def _best_stretch(rows: list[Row], run: list[_Layer], bands: int) -> tuple[int, list[list[Cut]]] | None:
+def _best_stretch(rows: list[Row], run: list[_Layer], bands: int, buffers: list[Buffer]) -> tuple[int, list[list[Cut]]] | None:
     """The length of the stretch from the run's first row that gains the most, and its cuts."""
     best: tuple[float, int, list[list[Cut]]] | None = None
     for k in range(2, len(rows) + 1):
@@ -188,16 +189,28 @@ def _best_stretch(rows: list[Row], run: list[_Layer], bands: int) -> tuple[int, 
         cuts = plan(geometry, bands)
         if cuts is None:
             continue
-        gain = gain_us(geometry, cuts) - _in_place(rows[:k]) * HAND_OFF_US
+        gain = gain_us(geometry, cuts) - _in_place(rows[:k], buffers) * HAND_OFF_US
         run_us = sum(g.oh * g.work for g in geometry) / bands / MACS_PER_US
         if gain > max(MIN_GAIN_US, MIN_GAIN_SHARE * run_us) and (best is None or gain > best[0]):
             best = (gain, k, cuts)
     return None if best is None else best[1:]
 
 
-def _in_place(stretch: list[Row]) -> bool:
-    """Whether the stretch's last layer writes over its first's source."""
-    return stretch[-1].dst == stretch[0].src
+def _in_place(stretch: list[Row], buffers: list[Buffer]) -> bool:
+    """Whether the stretch's last layer writes over its first's source: the same buffer (a residual
+    sum), or arena bytes the source shares. The arena is planned for the rows one after another,
+    where the source is dead once the first layer has read it, so the last layer's result may be
+    placed over it; a band call runs all the layers at once, one band ahead of another."""
+    src, dst = stretch[0].src, stretch[-1].dst
+    if src == dst:
+        return True
+    a, b = buffers[src], buffers[dst]
+    return (a.kind == ARENA and b.kind == ARENA
+            and a.index < b.index + _nbytes(b) and b.index < a.index + _nbytes(a))
+
+
+def _nbytes(buffer: Buffer) -> int:
+    return math.prod(buffer.shape) * np.dtype(buffer.dtype).itemsize
 
 
 def _call(run: list[_Layer], cuts: list[list[Cut]], in_place: bool) -> KernelCall:

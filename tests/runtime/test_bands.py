@@ -185,7 +185,8 @@ def small_cnn() -> Any:
              node("MaxPool", ["b"], ["p"], kernel_shape=[2, 2], strides=[2, 2]),
              node("Conv", ["p", "w2"], ["d0"], pads=[1, 1, 1, 1], group=32), node("Relu", ["d0"], ["d"]),
              node("Conv", ["d", "w3"], ["e"]), node("Add", ["e", "p"], ["s"]), node("GlobalAveragePool", ["s"], ["g"])]
-    consts = {"w0": f32(16, 3, 3, 3) * 0.3, "w1": f32(32, 16, 3, 3) * 0.2, "w2": f32(32, 1, 3, 3) * 0.3, "w3": f32(32, 32, 1, 1) * 0.2}
+    # 8 channels between the first two convolutions: fewer than Winograd's form takes, so both run in bands
+    consts = {"w0": f32(8, 3, 3, 3) * 0.3, "w1": f32(32, 8, 3, 3) * 0.2, "w2": f32(32, 1, 3, 3) * 0.3, "w3": f32(32, 32, 1, 1) * 0.2}
     return make_model(nodes, {"x": f32(1, 3, 32, 32)}, ["g"], consts, dynamic_batch=True)
 
 
@@ -282,3 +283,36 @@ def test_long_layers_are_cut_only_for_a_share_of_their_time() -> None:
         return chain_of([conv(c, c, 3, 1, 28)[0], conv(c, 4 * c, 1, 1, 28)[0]], x_shape, 2)
     assert len(band_calls(pair(32).team_rows)) == 1
     assert band_calls(pair(128).team_rows) == []
+
+
+def test_a_run_whose_result_the_arena_places_over_its_source_reads_all_of_it_first(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The arena is planned for the rows one after another: a run's source is dead once its first
+    # layer has read it, so the run's result may take its bytes (here, all of them), where a band
+    # call has one band's last layer writing rows another band's first layer still reads.
+    x_shape, f = (1, 32, 32, 8), np.dtype(np.float32)
+    swish = ("eltwise_swish", 1.0, 0.0)  # a layer no band takes: the run is the two between, arena to arena
+    first = onednn.Conv2D(f32(16, 8, 1, 1), f32(16), 1, [1, 1], [1, 1], swish, False).bind(x_shape, 32, 32, [0, 0], [0, 0])
+    last = onednn.Conv2D(f32(8, 16, 1, 1), f32(8), 1, [1, 1], [1, 1], swish, False).bind((1, 32, 32, 16), 32, 32, [0, 0], [0, 0])
+    sites = [first, conv(16, 16, 3, 1, 32)[0], conv(16, 16, 3, 1, 32)[0], last]
+    inner = whole_lines(32 * 32 * 16 * 4)
+    buffers = [Buffer(INPUT, 0, x_shape, f), Buffer(ARENA, 0, sites[0].shape, f), Buffer(ARENA, inner, sites[1].shape, f),
+               Buffer(ARENA, 0, sites[2].shape, f), Buffer(RESULT, 0, sites[3].shape, f)]  # the third's result over the first's
+    rows = [Row(site, i, i + 1) for i, site in enumerate(sites)]
+    assert bands._in_place(rows[1:3], buffers) and not bands._in_place(rows[2:4], buffers)
+    monkeypatch.setattr(bands, "MIN_GAIN_US", -1e9)  # cut, whatever the barrier it then needs costs
+    monkeypatch.setattr(bands, "MIN_GAIN_SHARE", -1e9)
+    team = bands.team_rows(rows, buffers, [4], 2)
+    (call,) = band_calls(team)
+    assert (call.src, call.dst) == (1, 3)
+
+    def unused(*xs: np.ndarray) -> tuple[np.ndarray, ...]:
+        raise AssertionError("the chain fell back")
+    chain = PrimitiveChain(rows, buffers, [(4, sites[3].shape)], 2 * inner, unused, "test", team)
+    x = f32(*x_shape)
+    want = x
+    for site in sites:
+        want = site(want)
+    # one member running the bands in turn: a band that wrote over rows a later band still reads
+    # shows every time, not only when the members' timing has it
+    monkeypatch.setattr(omp, "TEAM", 1)
+    np.testing.assert_allclose(bands_only(chain, x), want, rtol=TOL.rtol, atol=TOL.atol)
