@@ -93,7 +93,9 @@ def test_only_winograd_s_form_applies() -> None:
     assert not winograd.applies(w, 1, [1, 1], [1, 1], RELU, True)  # a residual sum
     assert not winograd.applies(w, 1, [1, 1], [1, 1], ("eltwise_swish", 1.0, 0.0), False)
     assert not winograd.applies(w, 1, [1, 1], [1, 1], ("eltwise_relu", 0.1, 0.0), False)  # leaky
-    assert not winograd.applies(f32(64, 32, 3, 3), 1, [1, 1], [1, 1], RELU, False)  # few input channels
+    assert winograd.applies(f32(32, 16, 3, 3), 1, [1, 1], [1, 1], RELU, False)  # a small CNN's second layer
+    assert not winograd.applies(f32(16, 8, 3, 3), 1, [1, 1], [1, 1], RELU, False)  # few input channels
+    assert not winograd.applies(f32(16, 3, 3, 3), 1, [1, 1], [1, 1], RELU, False)  # an RGB input
     assert not winograd.applies(f32(64, 64, 5, 5), 1, [1, 1], [1, 1], RELU, False)
     assert not winograd.applies(w.astype(np.float64), 1, [1, 1], [1, 1], RELU, False)
 
