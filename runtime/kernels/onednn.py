@@ -43,12 +43,13 @@ BLOCKED_ENV = "KUBETRT_BLOCKED_MIN_BATCH"
 NEVER = 1 << 62  # a BLOCKED_MIN_BATCH no batch reaches
 
 
-def blocked_min_batch(env: Any, isa: int) -> int:
-    """The smallest batch whose activations take the blocked layout: BLOCKED_ENV; by default 8 on
-    AVX2, none on AVX-512; 0 keeps every batch NHWC."""
+def blocked_min_batch(env: Any) -> int:
+    """The smallest batch whose activations take the blocked layout: BLOCKED_ENV; by default none,
+    on AVX2 as on AVX-512 (with AVX2 code NHWC batches of 32 ran 2-40% faster than blocked ones,
+    most where Winograd's form, NHWC only, takes the 3x3 layers); 0 keeps every batch NHWC."""
     text = env.get(BLOCKED_ENV, "").strip()
     if not text:
-        return NEVER if isa & _ISA_AVX512 else 8
+        return NEVER
     if not text.isdigit():
         raise ValueError(f"{BLOCKED_ENV}={text!r}: expected a batch size (0 keeps every batch NHWC)")
     return int(text) or NEVER
@@ -171,12 +172,12 @@ def channel_block(env: Any, isa: int) -> int:
 
 
 # The blocked activation layout (nChw16c or nChw8c): channels in blocks of BLOCK innermost, as (N,
-# C/BLOCK, H, W, BLOCK) arrays. At a served batch its AVX2 kernels beat the NHWC ones, at batch 1
-# not, so tensors take it only from BLOCKED_MIN_BATCH images up. On AVX-512 its kernels are even
-# with oneDNN's NHWC ones (brgconv, brdgmm) and the reorders into and out of a region are pure
-# cost, so NHWC stays.
+# C/BLOCK, H, W, BLOCK) arrays, taken from BLOCKED_MIN_BATCH images up (KUBETRT_BLOCKED_MIN_BATCH;
+# none by default). On AVX-512 its kernels are even with oneDNN's NHWC ones (brgconv, brdgmm) and
+# the reorders into and out of a region are pure cost; on AVX2 its kernels led the NHWC ones at a
+# served batch until Winograd's form, which only NHWC tensors take, reached the 3x3 layers.
 BLOCK = channel_block(os.environ, _ISA)
-BLOCKED_MIN_BATCH = blocked_min_batch(os.environ, _ISA)
+BLOCKED_MIN_BATCH = blocked_min_batch(os.environ)
 _ISA_NAMES = {0x7: "avx2", 0xF: "avx2_vnni", 0x1F: "avx2_vnni_2", 0x27: "avx512_core", 0x67: "avx512_core_vnni",
               0xE7: "avx512_core_bf16", 0x1EF: "avx10_1_512", 0xFEF: "avx512_core_amx", 0x1FEF: "avx512_core_amx_fp16"}
 

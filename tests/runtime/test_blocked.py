@@ -134,18 +134,15 @@ def test_the_regions_also_run_in_the_other_block_size() -> None:
         proc.stdout[-3000:] + proc.stderr[-2000:]
 
 
-AVX2, AVX512 = 0x7, 0x27  # dnnl_cpu_isa_t values
-
-
-@pytest.mark.parametrize(("text", "isa", "expected"), [("", AVX2, 8), ("", AVX512, onednn.NEVER), ("16", AVX2, 16), ("1", AVX512, 1)])
-def test_blocked_min_batch_from_env_else_from_the_instruction_set(text: str, isa: int, expected: int) -> None:
-    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: text}, isa) == expected
+@pytest.mark.parametrize(("text", "expected"), [("", onednn.NEVER), ("16", 16), ("1", 1)])
+def test_blocked_min_batch_from_env_else_never(text: str, expected: int) -> None:
+    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: text}) == expected
 
 
 def test_blocked_min_batch_zero_means_never_and_junk_is_an_error() -> None:
-    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: "0"}, AVX2) == onednn.NEVER
+    assert onednn.blocked_min_batch({onednn.BLOCKED_ENV: "0"}) == onednn.NEVER
     with pytest.raises(ValueError, match="KUBETRT_BLOCKED_MIN_BATCH='eight': expected a batch size"):
-        onednn.blocked_min_batch({onednn.BLOCKED_ENV: "eight"}, AVX2)
+        onednn.blocked_min_batch({onednn.BLOCKED_ENV: "eight"})
 
 
 def test_a_squeeze_excitation_gate_scales_the_blocks_in_the_region() -> None:
@@ -239,7 +236,7 @@ def test_blocked_out_names_what_it_cannot_do() -> None:
 
 
 def test_where_no_batch_takes_the_layout_no_region_forms(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(onednn, "BLOCKED_MIN_BATCH", onednn.NEVER)  # AVX-512's default
+    monkeypatch.setattr(onednn, "BLOCKED_MIN_BATCH", onednn.NEVER)  # the default
     model = residual_net()
     ops = [k.op for k in RUNTIME.prepare(from_proto(model), {}).prog.kernels]
     assert "ToBlocked" not in ops and "FromBlocked" not in ops, ops
