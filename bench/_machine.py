@@ -51,9 +51,10 @@ def cpu_line() -> str:
     return f"CPU: {cpu_model()}, {os.cpu_count()} cores, {isa_features()}; oneDNN ISA {onednn_isa()}"
 
 
-def cpu_tag() -> str:
-    """The short form each result line carries: '[AMD EPYC | avx512_core_bf16]'."""
-    return f"[{cpu_model()} | {onednn_isa()}]"
+def cpu_tag(note: str = "") -> str:
+    """The short form each result line carries: '[AMD EPYC | avx512_core_bf16]', with `note` as one
+    more field where given ('kubetrt at avx2')."""
+    return f"[{cpu_model()} | {onednn_isa()}{f' | {note}' if note else ''}]"
 
 
 def device_line(device: str) -> str:

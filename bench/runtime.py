@@ -418,10 +418,9 @@ def main() -> int:
                 sources.setdefault(e, r["source"])
         print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
     print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}")
-    tag = cpu_tag()
+    tag = cpu_tag(f"kubetrt at {a.kubetrt_isa}" if a.kubetrt_isa != "native" else "")
     if a.kubetrt_isa != "native":
         isas = sorted({r["isa"] for (e, _, _), r in results.items() if e in KUBETRT_ENGINES and r.get("isa")})
-        tag = f"{tag[:-1]} | kubetrt at {a.kubetrt_isa}]"
         print(f"kubetrt capped at {a.kubetrt_isa.upper()} (oneDNN dispatched {', '.join(isas) or 'unknown'}; its own "
               f"kernels, oneMKL and NumPy at {a.kubetrt_isa.upper()}); onnxruntime and OpenVINO at this CPU's own ISA")
     print()

@@ -15,7 +15,6 @@ arithmetic as the uncut layer's, padding included where the band meets the image
 from __future__ import annotations
 
 import ctypes
-import math
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -205,12 +204,7 @@ def _in_place(stretch: list[Row], buffers: list[Buffer]) -> bool:
     if src == dst:
         return True
     a, b = buffers[src], buffers[dst]
-    return (a.kind == ARENA and b.kind == ARENA
-            and a.index < b.index + _nbytes(b) and b.index < a.index + _nbytes(a))
-
-
-def _nbytes(buffer: Buffer) -> int:
-    return math.prod(buffer.shape) * np.dtype(buffer.dtype).itemsize
+    return a.kind == ARENA and b.kind == ARENA and a.index < b.index + b.nbytes and b.index < a.index + a.nbytes
 
 
 def _call(run: list[_Layer], cuts: list[list[Cut]], in_place: bool) -> KernelCall:

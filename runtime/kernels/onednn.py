@@ -44,9 +44,8 @@ NEVER = 1 << 62  # a BLOCKED_MIN_BATCH no batch reaches
 
 
 def blocked_min_batch(env: Any) -> int:
-    """The smallest batch whose activations take the blocked layout: BLOCKED_ENV; by default none,
-    on AVX2 as on AVX-512 (with AVX2 code NHWC batches of 32 ran 2-40% faster than blocked ones,
-    most where Winograd's form, NHWC only, takes the 3x3 layers); 0 keeps every batch NHWC."""
+    """The smallest batch whose activations take the blocked layout: BLOCKED_ENV, else none (why:
+    the comment at BLOCK below); 0 keeps every batch NHWC."""
     text = env.get(BLOCKED_ENV, "").strip()
     if not text:
         return NEVER

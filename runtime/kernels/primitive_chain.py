@@ -96,6 +96,10 @@ class Buffer:
     shape: tuple[int, ...]
     dtype: np.dtype
 
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.dtype.itemsize
+
 
 @dataclass(frozen=True)
 class Row:
