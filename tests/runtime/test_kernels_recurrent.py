@@ -8,6 +8,7 @@ the transposed input, with the outputs transposed back.
 from __future__ import annotations
 
 import re
+import zlib
 from typing import Any
 
 import numpy as np
@@ -27,6 +28,15 @@ GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
 OUTPUTS = {"LSTM": ["y", "yh", "yc"], "GRU": ["y", "yh"], "RNN": ["y", "yh"]}
 RAGGED = np.array([6, 2, 0], np.int32)  # a full, a short and an empty sequence
 RAGGED_RNN = np.array([6, 2, 4], np.int32)  # onnxruntime's RNN reads Y[-1] for a zero length
+
+
+@pytest.fixture(autouse=True)
+def _data_seeded_by_test(request: pytest.FixtureRequest) -> None:
+    """Each case draws the same data whichever tests ran before it on its worker: for about one
+    draw in 300, an RNN state growing through Softplus passes 88 and onnxruntime's reference
+    Softplus overflows to inf where the runtime's stable form stays finite."""
+    global rng
+    rng = np.random.default_rng(zlib.crc32(request.node.name.encode()))
 
 
 def f32(*shape: int, scale: float = 1.0) -> np.ndarray:
