@@ -227,14 +227,16 @@ class TeamChoice:
             keep_apart()
         return True
 
-    def record(self, serial: bool, seconds: float) -> None:
+    def record(self, serial: bool, seconds: float) -> bool:
+        """Count a call's time for its way; False where it says little and is not counted."""
         # first calls pay one-time costs (compiling, loading, first touch); a stream's calls share the cores
         if self.calls <= self.WARM or STREAM.alone:
-            return
+            return False
         if self.waking:
             self.waking = False
-            return
+            return False
         self._update(serial, seconds)
+        return True
 
     def _update(self, serial: bool, seconds: float) -> None:
         self.mean[serial] = recent(self.mean[serial], seconds, self.ALPHA, self.RISE)

@@ -12,7 +12,7 @@ convolution's weights (gate_fold.py): there they are within float32's tolerance.
 
 Memory: the chain's inner values live in an arena, one per concurrent caller (taken and given back
 per call), its results are fresh arrays as every kernel's are. The team choice (omp.TeamChoice) is
-made for the chain as a whole.
+made for the chain as a whole, and so is whether its team runs the bands bands.py cut (BandsChoice).
 """
 from __future__ import annotations
 
@@ -30,6 +30,9 @@ from .buffers import aligned, whole_lines
 from .registry import Run
 
 INPUT, RESULT, ARENA = range(3)  # where a chain buffer lives: a caller's array, a fresh array per call, the arena
+# how a chain's rows run: on the team with runs of layers in bands where bands.py cut them, on one
+# thread, on the team layer by layer
+BANDS, ALONE, LAYERS = range(3)
 
 
 @dataclass(frozen=True)
@@ -176,15 +179,16 @@ class _Arena:
         base = self.memory.ctypes.data
         self.ptrs = np.array([*onednn.C_FUNCTIONS, self.stream.handle.value or 0, omp.PARALLEL]
                              + [base + b.index if b.kind == ARENA else 0 for b in chain.buffers], dtype=np.int64)
-        self.tables: list[np.ndarray | None] = [None, None]  # for the team, for one thread
-        self._kept: list[list[Any]] = [[], []]
+        self.tables: list[np.ndarray | None] = [None, None, None]  # per way: BANDS, ALONE, LAYERS
+        self._kept: list[list[Any]] = [[], [], []]
 
-    def table(self, serial: bool) -> np.ndarray:
-        found = self.tables[serial]
+    def table(self, way: int) -> np.ndarray:
+        found = self.tables[way]
         if found is not None:
             return found
         chain = self.chain
-        chain_rows = chain.rows if serial else chain.team_rows
+        serial = way == ALONE
+        chain_rows = chain.team_rows if way == BANDS else chain.rows
         made = [row.step.primitive(serial) if isinstance(row.step, onednn.Site) else None for row in chain_rows]
         scratch_bytes = max([m[0].scratch_bytes for m in made if m is not None] or [0])
         scratch = aligned(scratch_bytes) if scratch_bytes else None  # rows run one after another: one scratchpad
@@ -193,7 +197,7 @@ class _Arena:
             step = row.step
             if isinstance(step, KernelCall):
                 block, keep = step.block()
-                self._kept[serial].append((block, keep))
+                self._kept[way].append((block, keep))
                 threads = (1 if serial else omp.TEAM) if step.team else 0
                 rows.append([CALL, step.entry, block.ctypes.data, threads, step.src_field, row.src, step.dst_field, row.dst])
                 continue
@@ -203,14 +207,47 @@ class _Arena:
                 consts = [int(self.ptrs[HEADER + row.weights]), *consts[1:]]
             args = onednn.Arguments(prim, [int(self.ptrs[HEADER + row.src]), int(self.ptrs[HEADER + row.dst]), *consts],
                                     scratch if prim.scratch_bytes else None, self.stream)
-            self._kept[serial].append(args)
+            self._kept[way].append(args)
             src_slot = -1 if chain.buffers[row.src].kind == ARENA else row.src
             dst_slot = -1 if chain.buffers[row.dst].kind == ARENA else row.dst
             rows.append([PRIMITIVE, prim.handle.value or 0, len(args.packed), ctypes.addressof(args.packed),
                          args.mems[0].value or 0, src_slot, args.mems[1].value or 0, dst_slot])
-        self._kept[serial].append(scratch)
-        table = self.tables[serial] = np.array(rows, dtype=np.int64)
+        self._kept[way].append(scratch)
+        table = self.tables[way] = np.array(rows, dtype=np.int64)
         return table
+
+
+class BandsChoice:
+    """Whether a chain's team runs its cut runs in bands or layer by layer, whichever has been
+    faster lately. bands.py cuts by a cost model with one machine's prices for a hand-off and a
+    multiply-add; on another machine the same bands may lose (MobileNetV2's, on a 2-core AMD EPYC).
+    So team calls take both ways in turn until each has SAMPLES counted times, then the faster by
+    the median of its last SAMPLES, and the other every EXPLORE-th call, so a change of load or
+    neighbour is noticed."""
+
+    SAMPLES, EXPLORE = 5, 64
+    __slots__ = ("last", "usual", "calls")
+
+    def __init__(self) -> None:
+        self.last: tuple[list[float], list[float]] = ([], [])  # recent seconds: in bands, layer by layer
+        self.usual: list[float] = [0.0, 0.0]
+        self.calls = 0
+
+    def faster_in_layers(self) -> bool:
+        """The way judged faster so far (in bands until both are known)."""
+        bands, layers = self.last
+        return len(bands) >= self.SAMPLES and len(layers) >= self.SAMPLES and self.usual[1] < self.usual[0]
+
+    def pick(self) -> bool:
+        """Whether this team call runs layer by layer."""
+        self.calls += 1
+        bands, layers = self.last
+        if len(bands) < self.SAMPLES or len(layers) < self.SAMPLES:
+            return len(layers) < len(bands) or (len(layers) == len(bands) and self.calls % 2 == 0)
+        return self.faster_in_layers() != (self.calls % self.EXPLORE == 0)
+
+    def record(self, layers: bool, seconds: float) -> None:
+        self.usual[layers] = omp.steady(self.last[layers], seconds, self.SAMPLES)
 
 
 class PrimitiveChain:
@@ -239,6 +276,8 @@ class PrimitiveChain:
         # what each output is: its buffer, and the shape to view it in where the buffer's differs
         self._views = [(b, None if self.buffers[b].shape == shape else shape) for b, shape in self.outputs]
         self.choice = omp.SteadyChoice()
+        cut = len(self.team_rows) != len(self.rows) or any(a.step is not b.step for a, b in zip(self.team_rows, self.rows))
+        self.bands = BandsChoice() if cut else None
         self._idle: list[_Arena] = []
 
     def __call__(self, *xs: np.ndarray) -> tuple[np.ndarray, ...]:
@@ -253,19 +292,23 @@ class PrimitiveChain:
         except IndexError:
             arena = _Arena(self)
         try:
-            choice = self.choice
+            choice, cut = self.choice, self.bands
             if choice.untimed():
-                status = _run_rows(arena.table(False), arena.ptrs, xs, results)
+                way = BANDS if cut is None or not cut.faster_in_layers() else LAYERS
+                status = _run_rows(arena.table(way), arena.ptrs, xs, results)
             else:
                 serial = choice.pick()
-                table = arena.table(serial)
+                way = ALONE if serial else BANDS if cut is None or not cut.pick() else LAYERS
+                table = arena.table(way)
                 start = time.perf_counter()
                 if serial:
                     with omp.TeamOf(1):
                         status = _run_rows(table, arena.ptrs, xs, results)
                 else:
                     status = _run_rows(table, arena.ptrs, xs, results)
-                choice.record(serial, time.perf_counter() - start)
+                seconds = time.perf_counter() - start
+                if choice.record(serial, seconds) and cut is not None and not serial:
+                    cut.record(way == LAYERS, seconds)
         finally:
             self._idle.append(arena)
         if status:

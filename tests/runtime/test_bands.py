@@ -5,6 +5,7 @@ chain runs the run as one band call, and its results stay the uncut chain's and 
 edge, asymmetric padding, max and average pooling, and more bands than team members."""
 from __future__ import annotations
 
+from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
@@ -166,11 +167,68 @@ def test_a_cut_chain_gives_the_uncut_chain_s_results(name: str, count: int, alwa
         np.testing.assert_allclose(cut(x)[0], want, rtol=TOL.rtol, atol=TOL.atol)
 
 
+def drive_bands(choice: primitive_chain.BandsChoice, bands_s: float, layers_s: float, calls: int) -> list[bool]:
+    picks = []
+    for _ in range(calls):
+        layers = choice.pick()
+        choice.record(layers, layers_s if layers else bands_s)
+        picks.append(layers)
+    return picks
+
+
+def test_the_bands_choice_follows_the_faster_way_and_keeps_exploring() -> None:
+    BandsChoice = primitive_chain.BandsChoice
+    choice = BandsChoice()
+    first = drive_bands(choice, bands_s=1.2e-3, layers_s=1e-3, calls=2 * BandsChoice.SAMPLES)
+    assert sum(first) == BandsChoice.SAMPLES, "both ways are timed in turn before either is chosen"
+    slower_bands = drive_bands(choice, bands_s=1.2e-3, layers_s=1e-3, calls=320)
+    assert len(slower_bands) - sum(slower_bands) == 320 // BandsChoice.EXPLORE, "layer by layer runs, bands only explore"
+    choice.record(False, 0.5e-3)  # one lucky call in bands moves nothing
+    assert choice.faster_in_layers()
+    faster_bands = drive_bands(choice, bands_s=0.8e-3, layers_s=1e-3, calls=4 * BandsChoice.EXPLORE)
+    assert sum(faster_bands[-2 * BandsChoice.EXPLORE:]) <= 2, "bands are taken back once they are faster"
+
+
+def test_a_chain_whose_bands_run_slower_runs_its_layers_on_the_team(always_cut: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The chain's own call follows its times: here a clock of its own, on which a call in bands
+    takes twice as long as one layer by layer (a real one would let this machine's load decide).
+    Later calls run the team's layer-by-layer table, with the same results."""
+    h, cin, layers = STACKS["small CNN"]
+    sites = stack(h, cin, layers)
+    x = f32(1, h, h, cin)
+    cut = chain_of(sites, x.shape, 2)
+    assert cut.bands is not None and chain_of(sites, x.shape, None).bands is None
+    want = cut(x)[0]
+    ran: list[str] = []
+    run_rows = primitive_chain._run_rows
+    banded = primitive_chain._Arena(cut).table(primitive_chain.BANDS)
+    clock = [0.0]
+
+    def timed_rows(table: np.ndarray, *args: Any) -> int:
+        in_bands = table.shape == banded.shape and bool((table[:, 0] == banded[:, 0]).all())
+        ran.append("bands" if in_bands else "layers")
+        clock[0] += 2e-3 if in_bands else 1e-3
+        return run_rows(table, *args)
+
+    def team(choice: omp.TeamChoice) -> bool:  # every call on the team (where bands or layers is chosen), each timed
+        choice.calls += 1
+        return False
+    monkeypatch.setattr(primitive_chain, "_run_rows", timed_rows)
+    monkeypatch.setattr(primitive_chain, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+    monkeypatch.setattr(omp.TeamChoice, "pick", team)
+    monkeypatch.setattr(omp.TeamChoice, "untimed", lambda choice: False)
+    for _ in range(64):
+        np.testing.assert_allclose(cut(x)[0], want, rtol=TOL.rtol, atol=TOL.atol)
+    assert cut.bands.faster_in_layers()
+    assert "bands" in ran[:16] and "layers" in ran[:16], "both ways are timed first"
+    assert ran[-32:].count("layers") >= 31, ran
+
+
 def bands_only(chain: PrimitiveChain, x: np.ndarray) -> np.ndarray:
     """The chain's team table run directly, whatever its team choice would pick."""
     arena = primitive_chain._Arena(chain)
     out = np.full(chain.results[0][0], np.nan, np.float32)
-    status = primitive_chain._run_rows(arena.table(False), arena.ptrs, (x,), (out,))
+    status = primitive_chain._run_rows(arena.table(primitive_chain.BANDS), arena.ptrs, (x,), (out,))
     assert status == 0
     return out
 
@@ -218,7 +276,7 @@ def bands_only_plan(chain: PrimitiveChain, x: np.ndarray) -> np.ndarray:
     arena = primitive_chain._Arena(chain)
     xs = (np.ascontiguousarray(x.transpose(0, 2, 3, 1)) if chain.expect[0][0] != x.shape else x,)
     results = tuple(np.empty(shape, dtype) for shape, dtype in chain.results)
-    assert primitive_chain._run_rows(arena.table(False), arena.ptrs, xs, results) == 0
+    assert primitive_chain._run_rows(arena.table(primitive_chain.BANDS), arena.ptrs, xs, results) == 0
     return results[0].reshape(-1)
 
 
