@@ -218,36 +218,52 @@ class _Arena:
 
 
 class BandsChoice:
-    """Whether a chain's team runs its cut runs in bands or layer by layer, whichever has been
-    faster lately. bands.py cuts by a cost model with one machine's prices for a hand-off and a
-    multiply-add; on another machine the same bands may lose (MobileNetV2's, on a 2-core AMD EPYC).
-    So team calls take both ways in turn until each has SAMPLES counted times, then the faster by
-    the median of its last SAMPLES, and the other every EXPLORE-th call, so a change of load or
-    neighbour is noticed."""
+    """Whether a chain's team runs its cut runs in bands or layer by layer, whichever is faster.
+    bands.py cuts by a cost model with one machine's prices for a hand-off and a multiply-add; on
+    another machine the same bands may lose (MobileNetV2's, on a 2-core AMD EPYC). So team calls
+    run one way and now and then try the other for two calls: every FILL-th call until SAMPLES
+    tries are in, every EXPLORE-th after. A try's time is judged against the usual way's calls
+    just before it, so a machine that speeds up or slows down between tries misleads no judgement;
+    the way changes when the median of the last SAMPLES tries says the other is faster. The first
+    call after a switch of way is not counted: it finds the other way's data cold in the caches."""
 
-    SAMPLES, EXPLORE = 5, 64
-    __slots__ = ("last", "usual", "calls")
+    SAMPLES, FILL, EXPLORE = 5, 4, 64
+    __slots__ = ("layers", "tries", "recent", "calls", "previous", "switched")
 
     def __init__(self) -> None:
-        self.last: tuple[list[float], list[float]] = ([], [])  # recent seconds: in bands, layer by layer
-        self.usual: list[float] = [0.0, 0.0]
+        self.layers = False  # the usual way: in bands, as the cost model cut them
+        self.tries: list[float] = []  # the other way's time over the usual way's, per try
+        self.recent: list[float] = []  # the usual way's latest counted seconds
         self.calls = 0
+        self.previous = False
+        self.switched = False
 
     def faster_in_layers(self) -> bool:
-        """The way judged faster so far (in bands until both are known)."""
-        bands, layers = self.last
-        return len(bands) >= self.SAMPLES and len(layers) >= self.SAMPLES and self.usual[1] < self.usual[0]
+        """The usual way: layer by layer, or in bands."""
+        return self.layers
 
     def pick(self) -> bool:
         """Whether this team call runs layer by layer."""
         self.calls += 1
-        bands, layers = self.last
-        if len(bands) < self.SAMPLES or len(layers) < self.SAMPLES:
-            return len(layers) < len(bands) or (len(layers) == len(bands) and self.calls % 2 == 0)
-        return self.faster_in_layers() != (self.calls % self.EXPLORE == 0)
+        every = self.FILL if len(self.tries) < self.SAMPLES else self.EXPLORE
+        way = self.layers != (self.calls % every >= every - 2)
+        self.switched, self.previous = way != self.previous, way
+        return way
 
     def record(self, layers: bool, seconds: float) -> None:
-        self.usual[layers] = omp.steady(self.last[layers], seconds, self.SAMPLES)
+        if self.switched:
+            return
+        if layers == self.layers:
+            omp.steady(self.recent, seconds, 3)
+            return
+        if not self.recent:
+            return
+        self.tries.append(seconds / sorted(self.recent)[len(self.recent) // 2])
+        del self.tries[:-self.SAMPLES]
+        if len(self.tries) == self.SAMPLES and sorted(self.tries)[self.SAMPLES // 2] < 1.0:
+            self.layers = layers
+            self.tries = [1.0 / t for t in self.tries]
+            self.recent = []
 
 
 class PrimitiveChain:
