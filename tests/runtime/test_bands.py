@@ -19,6 +19,7 @@ from kubetrt.runtime.kernels.buffers import whole_lines
 from kubetrt.runtime.kernels.primitive_chain import ARENA, INPUT, RESULT, Buffer, KernelCall, PrimitiveChain, Row
 from kubetrt.runtime.onnx_import import from_proto
 from onnx_cases import make_model, node, run_ort
+import two_ways
 
 pytestmark = pytest.mark.skipif(not bands.AVAILABLE, reason="bands need the onednn extra, numba and libgomp")
 TOL = tolerance_for("fp32", "host")
@@ -168,12 +169,8 @@ def test_a_cut_chain_gives_the_uncut_chain_s_results(name: str, count: int, alwa
 
 
 def drive_bands(choice: primitive_chain.BandsChoice, bands_s: float, layers_s: float, calls: int) -> list[bool]:
-    picks = []
-    for _ in range(calls):
-        layers = choice.pick()
-        choice.record(layers, layers_s if layers else bands_s)
-        picks.append(layers)
-    return picks
+    """Whether each call ran layer by layer."""
+    return two_ways.drive(choice, bands_s, layers_s, calls)
 
 
 def test_the_bands_choice_follows_the_faster_way_and_keeps_exploring() -> None:

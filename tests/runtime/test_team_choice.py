@@ -8,15 +8,12 @@ import pytest
 
 from kubetrt.runtime.kernels import omp, onednn
 from kubetrt.runtime.kernels.omp import TeamChoice
+import two_ways
 
 
 def drive(choice: TeamChoice, team_s: float, alone_s: float, calls: int) -> list[bool]:
-    picks = []
-    for _ in range(calls):
-        serial = choice.pick()
-        choice.record(serial, alone_s if serial else team_s)
-        picks.append(serial)
-    return picks
+    """Whether each call ran alone."""
+    return two_ways.drive(choice, team_s, alone_s, calls)
 
 
 @pytest.mark.skipif(not TeamChoice.CAPABLE, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
