@@ -228,19 +228,16 @@ class BandsChoice:
     call after a switch of way is not counted: it finds the other way's data cold in the caches."""
 
     SAMPLES, FILL, EXPLORE = 5, 4, 64
-    __slots__ = ("layers", "tries", "recent", "calls", "previous", "switched")
+    __slots__ = ("layers", "tries", "recent", "usual", "calls", "previous", "switched")
 
     def __init__(self) -> None:
-        self.layers = False  # the usual way: in bands, as the cost model cut them
+        self.layers = False  # the usual way is layer by layer; at first in bands, as the cost model cut them
         self.tries: list[float] = []  # the other way's time over the usual way's, per try
         self.recent: list[float] = []  # the usual way's latest counted seconds
+        self.usual: float | None = None  # their median
         self.calls = 0
         self.previous = False
         self.switched = False
-
-    def faster_in_layers(self) -> bool:
-        """The usual way: layer by layer, or in bands."""
-        return self.layers
 
     def pick(self) -> bool:
         """Whether this team call runs layer by layer."""
@@ -254,16 +251,15 @@ class BandsChoice:
         if self.switched:
             return
         if layers == self.layers:
-            omp.steady(self.recent, seconds, 3)
+            self.usual = omp.steady(self.recent, seconds, 3)
             return
-        if not self.recent:
+        if self.usual is None:
             return
-        self.tries.append(seconds / sorted(self.recent)[len(self.recent) // 2])
-        del self.tries[:-self.SAMPLES]
-        if len(self.tries) == self.SAMPLES and sorted(self.tries)[self.SAMPLES // 2] < 1.0:
+        other_over_usual = omp.steady(self.tries, seconds / self.usual, self.SAMPLES)
+        if len(self.tries) == self.SAMPLES and other_over_usual < 1.0:
             self.layers = layers
             self.tries = [1.0 / t for t in self.tries]
-            self.recent = []
+            self.recent, self.usual = [], None
 
 
 class PrimitiveChain:
@@ -310,7 +306,7 @@ class PrimitiveChain:
         try:
             choice, cut = self.choice, self.bands
             if choice.untimed():
-                way = BANDS if cut is None or not cut.faster_in_layers() else LAYERS
+                way = LAYERS if cut is not None and cut.layers else BANDS
                 status = _run_rows(arena.table(way), arena.ptrs, xs, results)
             else:
                 serial = choice.pick()

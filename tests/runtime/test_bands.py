@@ -177,11 +177,11 @@ def test_the_bands_choice_follows_the_faster_way_and_keeps_exploring() -> None:
     BandsChoice = primitive_chain.BandsChoice
     choice = BandsChoice()
     first = drive_bands(choice, bands_s=1.2e-3, layers_s=1e-3, calls=BandsChoice.FILL * (BandsChoice.SAMPLES + 1))
-    assert 0 < sum(first) < len(first) and choice.faster_in_layers(), "both ways are tried, and the faster taken"
+    assert 0 < sum(first) < len(first) and choice.layers, "both ways are tried, and the faster taken"
     slower_bands = drive_bands(choice, bands_s=1.2e-3, layers_s=1e-3, calls=320)
     assert len(slower_bands) - sum(slower_bands) == 2 * 320 // BandsChoice.EXPLORE, "layer by layer runs, bands are tried two calls at a time"
     drive_bands(choice, bands_s=0.5e-3, layers_s=1e-3, calls=BandsChoice.EXPLORE)  # one lucky try in bands moves nothing
-    assert choice.faster_in_layers()
+    assert choice.layers
     faster_bands = drive_bands(choice, bands_s=0.8e-3, layers_s=1e-3, calls=8 * BandsChoice.EXPLORE)
     assert sum(faster_bands[-2 * BandsChoice.EXPLORE:]) <= 4, "bands are taken back once they are faster"
 
@@ -191,9 +191,9 @@ def test_a_try_is_judged_against_the_calls_just_before_it() -> None:
     each 10% slower than the bands beside them, are not taken for faster than the bands' old times."""
     choice = primitive_chain.BandsChoice()
     drive_bands(choice, bands_s=4.0e-3, layers_s=4.4e-3, calls=4 * choice.EXPLORE)
-    assert not choice.faster_in_layers()
+    assert not choice.layers
     fast = drive_bands(choice, bands_s=1.0e-3, layers_s=1.1e-3, calls=8 * choice.EXPLORE)
-    assert not choice.faster_in_layers() and sum(fast) == 2 * len(fast) // choice.EXPLORE
+    assert not choice.layers and sum(fast) == 2 * len(fast) // choice.EXPLORE
 
 
 def test_the_first_call_after_a_switch_is_not_counted() -> None:
@@ -204,7 +204,7 @@ def test_the_first_call_after_a_switch_is_not_counted() -> None:
         layers = choice.pick()
         cold = 0.2e-3 if choice.switched else 0.0
         choice.record(layers, (0.98e-3 if layers else 1.0e-3) + cold)
-    assert choice.faster_in_layers()
+    assert choice.layers
 
 
 def test_a_chain_whose_bands_run_slower_runs_its_layers_on_the_team(always_cut: None, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -237,7 +237,7 @@ def test_a_chain_whose_bands_run_slower_runs_its_layers_on_the_team(always_cut: 
     monkeypatch.setattr(omp.TeamChoice, "untimed", lambda choice: False)
     for _ in range(64):
         np.testing.assert_allclose(cut(x)[0], want, rtol=TOL.rtol, atol=TOL.atol)
-    assert cut.bands.faster_in_layers()
+    assert cut.bands.layers
     assert "bands" in ran[:16] and "layers" in ran[:16], "both ways are timed first"
     assert ran[-32:].count("layers") >= 30, ran
 

@@ -21,7 +21,7 @@ from kubetrt.runtime.kernels import jit, recurrent
 from kubetrt.runtime.kernels.registry import KernelSpec, lookup
 from onnx_cases import make_model, node, run_kubetrt, run_ort
 
-rng = np.random.default_rng(7)
+rng: np.random.Generator  # drawn per test, by _data_seeded_by_test
 TOL = dict(rtol=1e-4, atol=1e-5)
 T, B, I, H = 6, 3, 5, 4
 GATES = {"LSTM": 4, "GRU": 3, "RNN": 1}
