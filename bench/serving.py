@@ -14,7 +14,7 @@ Servers (each in its own venv under ~/.cache/kubetrt-bench/peers; one up at a ti
   max_batch_time 500 us (0 turns MLServer's batcher off, so the shortest window that batches).
 - kserve: KServe 0.21.0 `kserve.ModelServer` (one worker) with a `kserve.Model` running
   onnxruntime (peers/kserve_onnx.py); its server has no batcher of its own, so none.
-- floor: no model at all (peers/transport_floor.py): uvicorn and grpc.aio as kubetrt serve runs them
+- floor: no model at all (peers/transport_floor.py): uvicorn and the gRPC server as kubetrt serve runs them
   read each request (a gRPC one parsed) and answer onnxruntime's outputs encoded once. Its p50 is
   the transport's share of every server's; it is no peer (left out of the ratios).
 - triton: tritonserver from the nvidia-pytriton 0.7.0 wheel (C++ HTTP and gRPC front ends, its

@@ -1,4 +1,4 @@
-# Serving image: kubetrt[serve,s3,onednn] (numpy + onnx + numba + FastAPI and grpcio: OIP REST on 8080, gRPC on 8081; boto3 for s3:// packages and
+# Serving image: kubetrt[serve,s3,onednn] (numpy + onnx + numba + FastAPI, protobuf and hpack: OIP REST on 8080, gRPC on 8081; boto3 for s3:// packages and
 # engine stores, oneDNN's x86 CPU kernels; no TensorFlow, no GPU libraries).
 # oneMKL's GEMM (about 900 MB) is opt-in: --build-arg EXTRAS=serve,s3,onednn,mkl
 # GPU targets use a CUDA/TensorRT base via --build-arg BASE=nvcr.io/nvidia/tensorrt:<tag>-py3 (pinned).

@@ -67,10 +67,10 @@ def create_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         grpc_server = None
         if config.grpc_port is not None:
-            from .oip_grpc.server import create_grpc_server  # grpc loads only where it serves
+            from .oip_grpc.server import create_grpc_server  # the gRPC protocol loads only where it serves
 
-            grpc_server, app.state.grpc_port = create_grpc_server(registry, config, config.grpc_host, config.grpc_port)
-            await grpc_server.start()
+            grpc_server = create_grpc_server(registry, config)
+            app.state.grpc_port = await grpc_server.start(config.grpc_host, config.grpc_port)
             log(logger, logging.INFO, "gRPC endpoint up", address=f"{config.grpc_host}:{app.state.grpc_port}")
         # Load after startup so liveness answers while models load; readiness waits for them.
         loading = asyncio.create_task(_load_and_freeze(registry))

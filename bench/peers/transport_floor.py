@@ -1,5 +1,5 @@
 """The transport floor: what one request costs with no model behind it. The same uvicorn (with
-the configuration and HTTP protocol `kubetrt serve` runs) and grpc.aio that kubetrt serves with read the whole request
+the configuration and HTTP protocol `kubetrt serve` runs) and the gRPC server kubetrt serves with read the whole request
 (a gRPC request parsed into its message) and answer onnxruntime's outputs for the bench's input,
 encoded once at start (bench/serving.py starts it: settings in KUBETRT_BENCH_PEER, the outputs in
 the npz it names). A server's one-client p50 minus this floor is what its decoding, batching,
@@ -20,6 +20,8 @@ import _bootstrap  # noqa: E402,F401  kubetrt's gRPC message classes from this c
 
 from kubetrt.serving.oip import HEADER_LENGTH as _HEADER_LENGTH  # noqa: E402
 from kubetrt.serving.oip_grpc import METHODS, SERVICE  # noqa: E402
+from kubetrt.serving.oip_grpc.http2 import GrpcServer  # noqa: E402
+from kubetrt.serving.oip_grpc.server import unary  # noqa: E402
 from kubetrt.serving.server import serve, uvicorn_config  # noqa: E402
 
 HEADER_LENGTH = _HEADER_LENGTH.encode()  # as ASGI spells header names: lower case
@@ -77,18 +79,12 @@ def main() -> None:
     serve(uvicorn_config(app, "127.0.0.1", cfg["http_port"]))
 
 
-async def start_grpc(port: int, request_cls: Any, response_cls: Any, reply: Any) -> Any:
-    import grpc
-
-    async def infer(request: Any, context: Any) -> Any:
+async def start_grpc(port: int, request_cls: Any, response_cls: Any, reply: Any) -> GrpcServer:
+    async def infer(request: Any, remaining: float | None) -> Any:
         return reply
 
-    server = grpc.aio.server(options=[("grpc.so_reuseport", 0), ("grpc.max_receive_message_length", 64 << 20)])
-    handler = grpc.unary_unary_rpc_method_handler(infer, request_deserializer=request_cls.FromString,
-                                                  response_serializer=response_cls.SerializeToString)
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, {"ModelInfer": handler}),))
-    server.add_insecure_port(f"127.0.0.1:{port}")
-    await server.start()
+    server = GrpcServer({f"/{SERVICE}/ModelInfer": unary("ModelInfer", infer, request_cls)}, 64 << 20)
+    await server.start("127.0.0.1", port)
     return server
 
 

@@ -1,11 +1,12 @@
-"""The OIP gRPC endpoint (grpc.aio): thin handlers over the registry, batcher and metrics the REST
-routes use, with each serving error answered by its gRPC status code (errors.py)."""
+"""The OIP gRPC endpoint: thin handlers over the registry, batcher and metrics the REST routes use,
+served by http2.py on the REST routes' event loop, with each serving error answered by its gRPC
+status code (errors.py)."""
 from __future__ import annotations
 
 import logging
 from typing import Any, Awaitable, Callable
 
-import grpc
+from google.protobuf.message import DecodeError
 
 import kubetrt
 from kubetrt.telemetry.logs import log
@@ -16,41 +17,42 @@ from ..registry import ModelRegistry, ServingConfig, timeout_from_params
 from . import (
     METHODS, SERVICE, ModelReadyResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse, codec,
 )
+from .http2 import GrpcServer, RpcError, Unary
 
 logger = logging.getLogger("kubetrt.serving")
-Handler = Callable[[Any, grpc.aio.ServicerContext], Awaitable[Any]]
+Handler = Callable[[Any, "float | None"], Awaitable[Any]]
 
 
 class InferenceService:
-    """One method per rpc of inference.GRPCInferenceService."""
+    """One method per rpc of inference.GRPCInferenceService: (request, seconds left before the
+    client's deadline or None) -> response."""
 
     def __init__(self, registry: ModelRegistry) -> None:
         self.registry = registry
 
-    async def ServerLive(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ServerLive(self, request: Any, remaining: float | None) -> Any:
         return ServerLiveResponse(live=True)
 
-    async def ServerReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ServerReady(self, request: Any, remaining: float | None) -> Any:
         return ServerReadyResponse(ready=self.registry.ready)
 
-    async def ModelReady(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ModelReady(self, request: Any, remaining: float | None) -> Any:
         return ModelReadyResponse(ready=self.registry.get(request.name, request.version or None).ready)
 
-    async def ServerMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ServerMetadata(self, request: Any, remaining: float | None) -> Any:
         return ServerMetadataResponse(name="kubetrt", version=kubetrt.__version__)
 
-    async def ModelMetadata(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ModelMetadata(self, request: Any, remaining: float | None) -> Any:
         s = self.registry.get(request.name, request.version or None)
         return codec.model_metadata(s.name, s.version, s.inputs, s.outputs)
 
-    async def ModelInfer(self, request: Any, context: grpc.aio.ServicerContext) -> Any:
+    async def ModelInfer(self, request: Any, remaining: float | None) -> Any:
         served = lookup(self.registry, request.model_name, request.model_version or None)
 
         async def handle() -> Any:
             req = codec.decode_infer_request(request, served.inputs, served.outputs)
             timeout = timeout_from_params(req.parameters)
-            remaining = context.time_remaining()  # the client's deadline, where it set one
-            if remaining is not None:
+            if remaining is not None:  # the client's deadline, where it set one
                 timeout = remaining if timeout is None else min(timeout, remaining)
             results = await served.infer(req.feeds, timeout)
             return codec.encode_infer_response(served.name, served.version, req, results)
@@ -58,37 +60,26 @@ class InferenceService:
         return await tracked(served, handle)
 
 
-def _answering_errors(method: Handler) -> Handler:
-    async def call(request: Any, context: grpc.aio.ServicerContext) -> Any:
+def unary(name: str, method: Handler, request_cls: Any) -> Unary:
+    """A service method as http2.py calls it: message bytes in, message bytes out, serving errors
+    raised as their gRPC status."""
+    async def call(message: memoryview, remaining: float | None) -> bytes:
         try:
-            return await method(request, context)
+            request = request_cls.FromString(message)
+        except DecodeError as e:
+            raise RpcError("INTERNAL", f"the request is not a {request_cls.DESCRIPTOR.full_name} message: {e}") from None
+        try:
+            response = await method(request, remaining)
         except ServingError as e:
             if e.status == 500:
-                log(logger, logging.WARNING, "inference failed", rpc=method.__name__, error=e.message)
-            await context.abort(grpc.StatusCode[e.grpc_code], e.message)
-    call.__name__ = method.__name__
+                log(logger, logging.WARNING, "inference failed", rpc=name, error=e.message)
+            raise RpcError(e.grpc_code, e.message) from None
+        return bytes(response.SerializeToString())
     return call
 
 
-def create_grpc_server(registry: ModelRegistry, config: ServingConfig, host: str, port: int) -> tuple[grpc.aio.Server, int]:
-    """An unstarted server bound to host:port (0: any free port) -> (server, bound port). A busy
-    port fails here: gRPC's SO_REUSEPORT, on by default, would let two servers share it."""
-    server = grpc.aio.server(options=[
-        ("grpc.so_reuseport", 0),
-        ("grpc.max_receive_message_length", config.max_body_bytes),
-        ("grpc.max_send_message_length", -1),
-    ])
+def create_grpc_server(registry: ModelRegistry, config: ServingConfig) -> GrpcServer:
+    """An unstarted server of the service's methods; `await server.start(host, port)` listens."""
     service = InferenceService(registry)
-    handlers = {
-        name: grpc.unary_unary_rpc_method_handler(
-            _answering_errors(getattr(service, name)),
-            request_deserializer=request_cls.FromString,
-            response_serializer=response_cls.SerializeToString,
-        )
-        for name, (request_cls, response_cls) in METHODS.items()
-    }
-    server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(SERVICE, handlers),))
-    bound = server.add_insecure_port(f"{host}:{port}")
-    if bound == 0:
-        raise OSError(f"cannot listen for gRPC on {host}:{port} (in use?)")
-    return server, bound
+    return GrpcServer({f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls)
+                       for name, (request_cls, _) in METHODS.items()}, config.max_body_bytes)
