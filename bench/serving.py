@@ -40,7 +40,8 @@ protocol's answer is checked against onnxruntime's own outputs for the same inpu
 answers wrongly or not at all is not timed and prints the reason. The last tables give, per cell,
 kubetrt's req/s over the best peer's (above 1: kubetrt serves more) and its p99 over the lowest
 peer p99 (below 1: a shorter tail), and, at one client, each server's p50 minus its engine's
-in-process time.
+in-process time, and the CPU time the load generator spent per request: it runs on the cores the
+engine's threads run on, so on a small machine the engine runs slower under load than alone.
 """
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ import argparse
 import json
 import os
 import platform
+import resource
 import shutil
 import signal
 import socket
@@ -388,6 +390,13 @@ class Cell:
     missing: str = ""  # why the cell was not measured
     in_server_ms: float = float("nan")  # kubetrt: mean time a request spent in the server (its /metrics)
     compute_ms: float = float("nan")  # kubetrt: of that, mean time in the runtime's run of its batch
+    client_cpu_ms: float = float("nan")  # the load generator's CPU time per answered request (same cores)
+
+
+def children_cpu_s() -> float:
+    """CPU seconds (user + system) of this process's waited-for children: the load generators."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
 
 
 WRK_LUA = r"""
@@ -475,7 +484,9 @@ def wrk_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
     if warmup > 0:
         run(warmup)
         drain(server, bodies)
+    cpu = children_cpu_s()
     r = run(seconds)
+    cell.client_cpu_ms = (children_cpu_s() - cpu) * 1e3 / max(1, r["requests"])
     drain(server, bodies)
     cell.ok, cell.unavailable, cell.non2xx = r["ok"], r["unavailable"], r["other"]
     cell.errors, cell.timeouts = r["socket_errors"], r["timeouts"]
@@ -505,9 +516,11 @@ def ghz_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
     if warmup > 0:
         run(warmup)
         drain(server, bodies)
+    cpu = children_cpu_s()
     r = run(seconds)
-    drain(server, bodies)
     codes: dict[str, int] = r.get("statusCodeDistribution") or {}
+    cell.client_cpu_ms = (children_cpu_s() - cpu) * 1e3 / max(1, sum(codes.values()))
+    drain(server, bodies)
     cell.ok = codes.get("OK", 0)
     cell.unavailable = codes.get("ResourceExhausted", 0)
     cell.timeouts = codes.get("DeadlineExceeded", 0)
@@ -736,6 +749,9 @@ def main(argv: list[str] | None = None) -> int:
             if c.in_server_ms == c.in_server_ms:
                 print(f"  kubetrt  {c.protocol:<7} in the server {c.in_server_ms:.2f} ms a request = its run "
                       f"{c.compute_ms:.2f} ms + {c.in_server_ms - c.compute_ms:.2f} ms outside the engine (its /metrics)")
+        for c in kubetrt:  # what the client takes from the cores the engine's team runs on
+            print(f"  kubetrt  {c.protocol:<7} the load generator used {c.client_cpu_ms:.2f} ms of CPU a request, "
+                  f"on the same {os.cpu_count()} cores")
     return 0
 
 

@@ -34,7 +34,7 @@ END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
 SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 0x1, 0x3, 0x4
 SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x5, 0x6
-NO_ERROR, PROTOCOL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x3, 0x6
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x2, 0x3, 0x6
 REFUSED_STREAM, COMPRESSION_ERROR = 0x7, 0x9
 
 DEFAULT_WINDOW = 65_535  # both directions' windows before any SETTINGS or WINDOW_UPDATE
@@ -166,7 +166,7 @@ class GrpcConnection(asyncio.Protocol):
             (SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS), (SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW),
             (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_BLOCK)))
         self.transport.write(frame(SETTINGS, 0, 0, settings)
-                        + frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)))
+                             + frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
@@ -204,6 +204,11 @@ class GrpcConnection(asyncio.Protocol):
         except _ConnectionError as e:
             view.release()
             self._close_with(e.code, str(e))
+            return
+        except Exception as e:  # a bug here must cost one connection, not the loop's other work
+            view.release()
+            log(logger, logging.ERROR, "gRPC connection failed", error=repr(e))
+            self._close_with(INTERNAL_ERROR, f"the server failed: {type(e).__name__}")
             return
         view.release()
         del buf[:at]
