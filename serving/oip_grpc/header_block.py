@@ -51,9 +51,9 @@ class HeaderDecoder:
         self.max_list_size = max_list_size
         self._huffman: dict[bytes, bytes] = {}
 
-    def decode(self, block: bytes) -> dict[bytes, bytes]:
-        """A header block's fields (a repeated name keeps its last value)."""
-        fields: dict[bytes, bytes] = {}
+    def decode(self, block: bytes) -> list[tuple[bytes, bytes]]:
+        """A header block's fields, in order."""
+        fields: list[tuple[bytes, bytes]] = []
         at, n, listed = 0, len(block), 0
         try:
             while at < n:
@@ -66,7 +66,9 @@ class HeaderDecoder:
                     name, at = (self._entry(index)[0], at) if index else self._string(block, at)
                     value, at = self._string(block, at)
                     self._add(name, value)
-                elif b & 0xE0 == 0x20:  # the table's new size
+                elif b & 0xE0 == 0x20:  # the table's new size, only before the block's first field
+                    if fields:
+                        raise HeaderBlockError("a table size update after a header field")
                     size, at = _integer(block, at, 5)
                     if size > DEFAULT_TABLE_SIZE:
                         raise HeaderBlockError(f"a table size of {size}, past the {DEFAULT_TABLE_SIZE} this server announced")
@@ -80,7 +82,7 @@ class HeaderDecoder:
                 listed += len(name) + len(value) + ENTRY_OVERHEAD
                 if listed > self.max_list_size:
                     raise HeaderBlockError(f"a header list past {self.max_list_size} bytes, the most this server takes")
-                fields[name] = value
+                fields.append((name, value))
         except IndexError:
             raise HeaderBlockError("a header block cut short") from None
         return fields

@@ -6,10 +6,11 @@ loop through a poller thread, several hand-offs of the GIL per call; at one clie
 than the whole budget of a small model's call. Here a call's frames are read, its handler run and
 its answer written by the loop itself, in one turn where the handler does not wait.
 
-What it speaks: the frames, settings, flow control (both ways) and errors of RFC 9113 that a gRPC
-client uses; HPACK (header_block.py); gRPC's message framing, `grpc-timeout`, gzip
-and deflate request messages, trailers-only error answers. Not spoken: server push, streaming
-calls (every rpc of the OIP service is unary), TLS (a pod's port is cleartext, as with grpc.aio).
+What it speaks: RFC 9113's frames, settings, stream states, flow control (both ways) and errors,
+as h2spec checks them; HPACK (header_block.py); gRPC's rules (grpc_wire.py): message framing,
+`grpc-timeout`, gzip and deflate request messages, trailers-only error answers, plain HTTP 415 or
+405 to a request that is no gRPC call. Not spoken: server push, streaming calls (every rpc of the
+OIP service is unary), TLS (a pod's port is cleartext, as with grpc.aio).
 """
 from __future__ import annotations
 
@@ -17,14 +18,16 @@ import asyncio
 import logging
 import struct
 import time
-import zlib
 from dataclasses import dataclass, field
 from typing import Awaitable, Callable, cast
-from urllib.parse import quote
 
 from kubetrt.telemetry.logs import log
 
-from .header_block import HeaderBlockError, HeaderDecoder, literal_header
+from .grpc_wire import (
+    MESSAGE_PREFIX, OK_TRAILERS, RESPONSE_HEADERS, MalformedHead, RpcError, content_length, not_grpc_answer,
+    parse_timeout, request_head, status_trailers, unframe_message,
+)
+from .header_block import HeaderBlockError, HeaderDecoder
 
 logger = logging.getLogger("kubetrt.serving")
 
@@ -32,10 +35,10 @@ PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
 DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
 END_STREAM = ACK = 0x1
 END_HEADERS, PADDED, PRIORITY_FLAG = 0x4, 0x8, 0x20
-SETTINGS_HEADER_TABLE_SIZE, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 0x1, 0x3, 0x4
+SETTINGS_ENABLE_PUSH, SETTINGS_MAX_CONCURRENT_STREAMS, SETTINGS_INITIAL_WINDOW_SIZE = 0x2, 0x3, 0x4
 SETTINGS_MAX_FRAME_SIZE, SETTINGS_MAX_HEADER_LIST_SIZE = 0x5, 0x6
-NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR, FRAME_SIZE_ERROR = 0x0, 0x1, 0x2, 0x3, 0x6
-REFUSED_STREAM, COMPRESSION_ERROR = 0x7, 0x9
+NO_ERROR, PROTOCOL_ERROR, INTERNAL_ERROR, FLOW_CONTROL_ERROR = 0x0, 0x1, 0x2, 0x3
+STREAM_CLOSED, FRAME_SIZE_ERROR, REFUSED_STREAM, COMPRESSION_ERROR = 0x5, 0x6, 0x7, 0x9
 
 DEFAULT_WINDOW = 65_535  # both directions' windows before any SETTINGS or WINDOW_UPDATE
 MAX_WINDOW = (1 << 31) - 1
@@ -43,30 +46,13 @@ RECEIVE_WINDOW = 1 << 24  # what a client may send ahead of the server's reading
 MAX_STREAMS = 1024  # calls open at once on one connection; past it a new one is refused (REFUSED_STREAM)
 MAX_HEADER_BLOCK = 64 << 10
 DEFAULT_FRAME = 16_384
-HOLD_S = 0.005  # the longest a PING answer waits for company
 RECEIVE_FRAME_LIMIT = DEFAULT_FRAME  # this server announces no larger SETTINGS_MAX_FRAME_SIZE
-
-# gRPC status codes by name (grpc.StatusCode's names, as serving/errors.py spells them)
-STATUS = {name: code for code, name in enumerate((
-    "OK", "CANCELLED", "UNKNOWN", "INVALID_ARGUMENT", "DEADLINE_EXCEEDED", "NOT_FOUND", "ALREADY_EXISTS",
-    "PERMISSION_DENIED", "RESOURCE_EXHAUSTED", "FAILED_PRECONDITION", "ABORTED", "OUT_OF_RANGE",
-    "UNIMPLEMENTED", "INTERNAL", "UNAVAILABLE", "DATA_LOSS", "UNAUTHENTICATED"))}
-TIMEOUT_UNITS = {b"H": 3600.0, b"M": 60.0, b"S": 1.0, b"m": 1e-3, b"u": 1e-6, b"n": 1e-9}
-_FRAME_HEADER = struct.Struct(">IBI")  # 24-bit length in the top of a 32-bit word with the type: unpacked by hand
+HOLD_S = 0.005  # the longest a PING answer waits for company
+RESET_MEMORY = 1024  # streams this side reset, remembered so that the frames already on their way are dropped
+_FRAME_HEADER = struct.Struct(">IBI")  # a 24-bit length and the type in one word, the flags, the stream
 _PACK_HEADER = struct.Struct(">HBBBI")
-_MESSAGE_PREFIX = struct.Struct(">BI")
 _SETTING = struct.Struct(">HI")
-_WINDOW = struct.Struct(">I")
-
-
-class RpcError(Exception):
-    """A call's failure as gRPC reports it: a status code (a name of STATUS) and a message."""
-
-    def __init__(self, code: str, message: str) -> None:
-        super().__init__(message)
-        self.code = code
-        self.message = message
-
+_WORD = struct.Struct(">I")
 
 # A unary method: (request message bytes, seconds left before the client's deadline or None) -> answer bytes
 Unary = Callable[[memoryview, "float | None"], Awaitable[bytes]]
@@ -77,64 +63,40 @@ def frame(kind: int, flags: int, stream: int, payload: bytes | memoryview = b"")
     return _PACK_HEADER.pack(n >> 8, n & 0xFF, kind, flags, stream) + bytes(payload)
 
 
-RESPONSE_HEADERS = (b"\x88"  # ':status: 200', the static table's 8th entry
-                    + literal_header(b"content-type", b"application/grpc")
-                    + literal_header(b"grpc-accept-encoding", b"identity,deflate,gzip"))
-OK_TRAILERS = literal_header(b"grpc-status", b"0")
+class _ConnectionError(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
-def status_trailers(code: str, message: str) -> bytes:
-    return (literal_header(b"grpc-status", str(STATUS[code]).encode())
-            + literal_header(b"grpc-message", quote(message, safe=" !\"#$&'()*+,-./:;<=>?@[\\]^_`{|}~").encode()))
-
-
-def parse_timeout(value: bytes) -> float:
-    """A grpc-timeout header ('100m', '5S') in seconds."""
-    unit = TIMEOUT_UNITS.get(value[-1:])
-    if unit is None or not value[:-1].isdigit() or len(value) > 9:
-        raise RpcError("INVALID_ARGUMENT", f"grpc-timeout {value.decode(errors='replace')!r}: expected up to 8 digits "
-                                           "and a unit of H, M, S, m, u or n")
-    return int(value[:-1]) * unit
-
-
-def unframe_message(body: bytearray, encoding: bytes | None, limit: int) -> memoryview:
-    """The one message of a unary request body: a flag byte (compressed or not), a 32-bit length, the bytes."""
-    if len(body) < 5:
-        raise RpcError("INTERNAL", "the request carries no message; a unary call sends exactly one")
-    compressed, n = _MESSAGE_PREFIX.unpack_from(body)
-    if len(body) != 5 + n:
-        raise RpcError("INTERNAL", f"the request's message says {n} bytes, the stream carried {len(body) - 5}; "
-                                   "a unary call sends exactly one message")
-    message = memoryview(body)[5:]
-    if not compressed:
-        return message
-    if encoding in (b"gzip", b"deflate"):
-        inflater = zlib.decompressobj(16 + zlib.MAX_WBITS if encoding == b"gzip" else zlib.MAX_WBITS)
-        try:
-            plain = inflater.decompress(message, limit + 1)
-        except zlib.error as e:
-            raise RpcError("INTERNAL", f"the request's {encoding.decode()} message does not inflate: {e}") from None
-        if len(plain) > limit:
-            raise RpcError("RESOURCE_EXHAUSTED", f"the request's message inflates past {limit} bytes, the most this server takes")
-        return memoryview(plain)
-    name = "none" if encoding is None else encoding.decode(errors="replace")
-    raise RpcError("UNIMPLEMENTED", f"the message is compressed with grpc-encoding {name!r}; "
-                                    "expected identity, gzip or deflate")
+class _StreamError(Exception):
+    def __init__(self, code: int, reason: str) -> None:
+        super().__init__(reason)
+        self.code = code
 
 
 @dataclass
 class _Stream:
     id: int
+    send_window: int
     headers: dict[bytes, bytes] = field(default_factory=dict)
     block: bytearray = field(default_factory=bytearray)  # a header block awaiting its CONTINUATION
     body: bytearray = field(default_factory=bytearray)
-    send_window: int = DEFAULT_WINDOW
     pending: list[memoryview] = field(default_factory=list)  # answer DATA not yet sent for want of window
-    trailers: bytes = b""
+    trailers: bytes | None = None  # the answer's last HEADERS block (None: the DATA ends the stream)
     task: asyncio.Task[None] | None = None
     deadline: float | None = None
-    received: bool = False
+    received: bool = False  # the client's END_STREAM came (half-closed, remote)
+    expected_length: int | None = None  # its content-length, where it sent one
     unacked: int = 0  # bytes read since the stream's last WINDOW_UPDATE
+
+
+def _unpadded(flags: int, payload: memoryview, what: str) -> memoryview:
+    if not flags & PADDED:
+        return payload
+    if not payload or payload[0] >= len(payload):
+        raise _ConnectionError(PROTOCOL_ERROR, f"a {what} frame's padding is as long as the frame")
+    return payload[1:len(payload) - payload[0]]
 
 
 class GrpcConnection(asyncio.Protocol):
@@ -149,6 +111,7 @@ class GrpcConnection(asyncio.Protocol):
         self.held: list[bytes] = []  # PING answers waiting to leave with the next write
         self.release: asyncio.TimerHandle | None = None  # ...or when this fires
         self.streams: dict[int, _Stream] = {}
+        self.reset: dict[int, None] = {}  # ids of streams this side reset, oldest first (RESET_MEMORY of them)
         self.last_stream = 0
         self.continuing: _Stream | None = None  # the stream whose header block is being continued
         self.send_window = DEFAULT_WINDOW
@@ -166,10 +129,12 @@ class GrpcConnection(asyncio.Protocol):
             (SETTINGS_MAX_CONCURRENT_STREAMS, MAX_STREAMS), (SETTINGS_INITIAL_WINDOW_SIZE, RECEIVE_WINDOW),
             (SETTINGS_MAX_HEADER_LIST_SIZE, MAX_HEADER_BLOCK)))
         self.transport.write(frame(SETTINGS, 0, 0, settings)
-                             + frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)))
+                             + frame(WINDOW_UPDATE, 0, 0, _WORD.pack(RECEIVE_WINDOW - DEFAULT_WINDOW)))
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
+        if self.release is not None:
+            self.release.cancel()
         for s in self.streams.values():
             if s.task is not None:
                 s.task.cancel()
@@ -179,12 +144,10 @@ class GrpcConnection(asyncio.Protocol):
         buf = self.buffer
         buf += data
         if not self.preface:
-            if len(buf) < len(PREFACE):
-                if not PREFACE.startswith(bytes(buf)):
-                    self._close_with(PROTOCOL_ERROR, "expected the HTTP/2 connection preface (gRPC over h2c)")
-                return
-            if not buf.startswith(PREFACE):
+            if not (PREFACE.startswith(bytes(buf)) if len(buf) < len(PREFACE) else buf.startswith(PREFACE)):
                 self._close_with(PROTOCOL_ERROR, "expected the HTTP/2 connection preface (gRPC over h2c)")
+                return
+            if len(buf) < len(PREFACE):
                 return
             del buf[:len(PREFACE)]
             self.preface = True
@@ -199,7 +162,11 @@ class GrpcConnection(asyncio.Protocol):
                                                              "this server announced")
                 if end - at < 9 + length:
                     break
-                self._frame(kind, flags, stream & 0x7FFFFFFF, view[at + 9:at + 9 + length])
+                sid = stream & 0x7FFFFFFF
+                try:
+                    self._frame(kind, flags, sid, view[at + 9:at + 9 + length])
+                except _StreamError as e:
+                    self._reset(sid, e.code)
                 at += 9 + length
         except _ConnectionError as e:
             view.release()
@@ -213,7 +180,7 @@ class GrpcConnection(asyncio.Protocol):
         view.release()
         del buf[:at]
         if self.unacked >= RECEIVE_WINDOW // 2:
-            self._write(frame(WINDOW_UPDATE, 0, 0, _WINDOW.pack(self.unacked)))
+            self._write(frame(WINDOW_UPDATE, 0, 0, _WORD.pack(self.unacked)))
             self.receive_window += self.unacked
             self.unacked = 0
 
@@ -232,104 +199,149 @@ class GrpcConnection(asyncio.Protocol):
             s.block += payload
             if flags & END_HEADERS:
                 self.continuing = None
-                self._header_block(s, bool(s.headers), s.received)
+                self._header_block(s)
         elif kind == SETTINGS:
-            if not flags & ACK:
-                self._settings(payload)
+            self._settings(flags, sid, payload)
         elif kind == WINDOW_UPDATE:
             self._window_update(sid, payload)
         elif kind == PING:
+            if sid != 0:
+                raise _ConnectionError(PROTOCOL_ERROR, "PING on a stream; it belongs to the connection")
+            if len(payload) != 8:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "a PING frame carries 8 bytes")
             if not flags & ACK:
                 self._hold(frame(PING, ACK, 0, payload))
         elif kind == RST_STREAM:
+            self._check_stream_frame(sid, "RST_STREAM")
+            if len(payload) != 4:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "a RST_STREAM frame carries 4 bytes")
             s = self.streams.pop(sid, None)
             if s is not None and s.task is not None:
                 s.task.cancel()
+        elif kind == PRIORITY:
+            if sid == 0:
+                raise _ConnectionError(PROTOCOL_ERROR, "PRIORITY on stream 0")
+            if len(payload) != 5:
+                raise _StreamError(FRAME_SIZE_ERROR, "a PRIORITY frame carries 5 bytes")
+            if _WORD.unpack_from(payload)[0] & 0x7FFFFFFF == sid:
+                raise _StreamError(PROTOCOL_ERROR, "a stream that depends on itself")
         elif kind == GOAWAY:
+            if sid != 0:
+                raise _ConnectionError(PROTOCOL_ERROR, "GOAWAY on a stream; it belongs to the connection")
             self.going_away = True
             self._close_when_idle()
         elif kind == PUSH_PROMISE:
             raise _ConnectionError(PROTOCOL_ERROR, "a client may not push")
-        # PRIORITY and unknown frame types are ignored, as RFC 9113 asks
+        # unknown frame types are ignored, as RFC 9113 asks
+
+    def _check_stream_frame(self, sid: int, what: str) -> None:
+        if sid == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, f"{what} on stream 0")
+        if sid > self.last_stream:
+            raise _ConnectionError(PROTOCOL_ERROR, f"{what} on stream {sid}, which was never opened")
 
     def _headers(self, flags: int, sid: int, payload: memoryview) -> None:
         if sid == 0:
             raise _ConnectionError(PROTOCOL_ERROR, "HEADERS on stream 0")
-        start, end = 0, len(payload)
-        if flags & PADDED:
-            start, end = 1, end - payload[0]
+        payload = _unpadded(flags, payload, "HEADERS")
         if flags & PRIORITY_FLAG:
-            start += 5
-        if start > end:
-            raise _ConnectionError(PROTOCOL_ERROR, "HEADERS padding longer than the frame")
+            if len(payload) < 5:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "HEADERS with a priority shorter than 5 bytes")
+            depends = _WORD.unpack_from(payload)[0] & 0x7FFFFFFF
+            payload = payload[5:]
+            if depends == sid:
+                self._open(sid)  # the stream opens, then fails
+                raise _StreamError(PROTOCOL_ERROR, "a stream that depends on itself")
         s = self.streams.get(sid)
-        trailers = s is not None
         if s is None:
-            if sid % 2 == 0 or sid <= self.last_stream:
-                raise _ConnectionError(PROTOCOL_ERROR, f"stream {sid}: a client's new stream takes an odd id above {self.last_stream}")
-            self.last_stream = sid
-            s = _Stream(sid, send_window=self.peer_initial_window)
-            self.streams[sid] = s
-        s.block = bytearray(payload[start:end])
+            if sid <= self.last_stream:
+                raise _ConnectionError(STREAM_CLOSED, f"HEADERS on stream {sid}, which is closed")
+            if sid % 2 == 0:
+                raise _ConnectionError(PROTOCOL_ERROR, f"stream {sid}: a client's streams take odd ids")
+            s = self._open(sid)
+        elif s.received:
+            raise _StreamError(STREAM_CLOSED, f"HEADERS on stream {sid} after its END_STREAM")
+        elif not flags & END_STREAM:
+            raise _StreamError(PROTOCOL_ERROR, "trailers without END_STREAM")
+        s.block = bytearray(payload)
         s.received = bool(flags & END_STREAM)
         if flags & END_HEADERS:
-            self._header_block(s, trailers, s.received)
+            self._header_block(s)
         else:
             self.continuing = s
 
-    def _header_block(self, s: _Stream, trailers: bool, ended: bool) -> None:
+    def _open(self, sid: int) -> _Stream:
+        self.last_stream = sid
+        s = self.streams[sid] = _Stream(sid, self.peer_initial_window)
+        return s
+
+    def _header_block(self, s: _Stream) -> None:
         try:
             fields = self.decoder.decode(bytes(s.block))
         except HeaderBlockError as e:
             raise _ConnectionError(COMPRESSION_ERROR, f"a header block does not decode: {e}") from None
         s.block = bytearray()
-        if trailers:  # a client's trailers end its stream; a unary request has nothing in them we read
-            if not ended:
-                self._reset(s, PROTOCOL_ERROR)
-                return
-        else:
-            s.headers = fields
+        trailers = bool(s.headers)
+        try:
+            head = request_head(fields, trailers)
+            if not trailers:
+                s.expected_length = content_length(head)
+        except MalformedHead as e:
+            raise _StreamError(PROTOCOL_ERROR, str(e)) from None
+        if not trailers:
+            s.headers = head
             if len(self.streams) > MAX_STREAMS or self.going_away or self.server.closing:
-                self._reset(s, REFUSED_STREAM)
-                return
-            timeout = s.headers.get(b"grpc-timeout")
+                raise _StreamError(REFUSED_STREAM, "too many calls open on this connection, or the server is stopping")
+            timeout = head.get(b"grpc-timeout")
             if timeout is not None:
                 try:
                     s.deadline = time.monotonic() + parse_timeout(timeout)
                 except RpcError as e:
                     self._answer_error(s, e)
                     return
-        if ended:
+        if s.received:
             self._start(s)
 
     def _data(self, flags: int, sid: int, payload: memoryview) -> None:
+        if sid == 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "DATA on stream 0")
         n = len(payload)
         self.receive_window -= n
         self.unacked += n
         if self.receive_window < 0:
             raise _ConnectionError(FLOW_CONTROL_ERROR, "DATA past the connection's window")
+        payload = _unpadded(flags, payload, "DATA")
         s = self.streams.get(sid)
-        if s is None or s.received:
-            if sid == 0 or sid > self.last_stream:
+        if s is None:
+            if sid > self.last_stream:
                 raise _ConnectionError(PROTOCOL_ERROR, f"DATA on stream {sid}, which was never opened")
-            return  # a stream already reset or answered: its data is dropped (its window is still counted above)
-        start, end = 0, n
-        if flags & PADDED:
-            start, end = 1, n - payload[0]
-        if len(s.body) + end - start > self.server.max_message + 5:
+            if sid in self.reset:
+                return  # already on its way when this side reset the stream
+            raise _StreamError(STREAM_CLOSED, f"DATA on stream {sid}, which is closed")
+        if s.received:
+            raise _StreamError(STREAM_CLOSED, f"DATA on stream {sid} after its END_STREAM")
+        if len(s.body) + len(payload) > self.server.max_message + 5:
             self._answer_error(s, RpcError("RESOURCE_EXHAUSTED", f"the request's message is larger than "
                                                                f"{self.server.max_message} bytes, the most this server takes"))
             return
-        s.body += payload[start:end]
+        s.body += payload
         s.unacked += n
-        if s.unacked >= RECEIVE_WINDOW // 2 and not flags & END_STREAM:  # a message larger than the window
-            self._write(frame(WINDOW_UPDATE, 0, sid, _WINDOW.pack(s.unacked)))
-            s.unacked = 0
         if flags & END_STREAM:
             s.received = True
+            if s.expected_length is not None and s.expected_length != len(s.body):
+                raise _StreamError(PROTOCOL_ERROR, f"content-length {s.expected_length}, DATA of {len(s.body)} bytes")
             self._start(s)
+        elif s.unacked >= RECEIVE_WINDOW // 2:  # a message larger than the window
+            self._write(frame(WINDOW_UPDATE, 0, sid, _WORD.pack(s.unacked)))
+            s.unacked = 0
 
-    def _settings(self, payload: memoryview) -> None:
+    def _settings(self, flags: int, sid: int, payload: memoryview) -> None:
+        if sid != 0:
+            raise _ConnectionError(PROTOCOL_ERROR, "SETTINGS on a stream; they belong to the connection")
+        if flags & ACK:
+            if payload:
+                raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS acknowledgement carries nothing")
+            return
         if len(payload) % 6:
             raise _ConnectionError(FRAME_SIZE_ERROR, "a SETTINGS frame's length is not a multiple of 6")
         for at in range(0, len(payload), 6):
@@ -344,33 +356,46 @@ class GrpcConnection(asyncio.Protocol):
                 if not DEFAULT_FRAME <= value <= (1 << 24) - 1:
                     raise _ConnectionError(PROTOCOL_ERROR, f"SETTINGS_MAX_FRAME_SIZE {value} outside 2^14..2^24-1")
                 self.peer_frame = value
+            elif key == SETTINGS_ENABLE_PUSH and value > 1:
+                raise _ConnectionError(PROTOCOL_ERROR, f"SETTINGS_ENABLE_PUSH {value}: expected 0 or 1")
         self._write(frame(SETTINGS, ACK, 0))
         self._flush_pending()
 
     def _window_update(self, sid: int, payload: memoryview) -> None:
         if len(payload) != 4:
             raise _ConnectionError(FRAME_SIZE_ERROR, "a WINDOW_UPDATE frame carries 4 bytes")
-        increment = _WINDOW.unpack(payload)[0] & 0x7FFFFFFF
+        increment = _WORD.unpack(payload)[0] & 0x7FFFFFFF
         if sid == 0:
+            if increment == 0:
+                raise _ConnectionError(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0 for the connection")
             self.send_window += increment
             if self.send_window > MAX_WINDOW:
                 raise _ConnectionError(FLOW_CONTROL_ERROR, "the connection's window grew past 2^31-1")
         else:
+            self._check_stream_frame(sid, "WINDOW_UPDATE")
+            if increment == 0:
+                raise _StreamError(PROTOCOL_ERROR, "a WINDOW_UPDATE of 0")
             s = self.streams.get(sid)
             if s is None:
                 return
             s.send_window += increment
+            if s.send_window > MAX_WINDOW:
+                raise _StreamError(FLOW_CONTROL_ERROR, f"stream {sid}'s window grew past 2^31-1")
         self._flush_pending()
 
     # --- calls
     def _start(self, s: _Stream) -> None:
         h = s.headers
-        method = self.server.methods.get(h.get(b":path", b""))
-        if h.get(b":method") != b"POST" or not h.get(b"content-type", b"").startswith(b"application/grpc"):
-            self._answer_error(s, RpcError("UNIMPLEMENTED", "expected a gRPC call: POST with content-type application/grpc"))
+        if not h.get(b"content-type", b"").startswith(b"application/grpc"):
+            self._answer_plain(s, 415, "this port serves gRPC calls (content-type application/grpc); "
+                                       "REST is on the server's HTTP port")
             return
+        if h.get(b":method") != b"POST":
+            self._answer_plain(s, 405, "a gRPC call is a POST")
+            return
+        method = self.server.methods.get(h[b":path"])
         if method is None:
-            path = h.get(b":path", b"").decode(errors="replace")
+            path = h[b":path"].decode(errors="replace")
             self._answer_error(s, RpcError("UNIMPLEMENTED", f"unknown method {path}; this server answers "
                                                             f"{', '.join(sorted(p.decode() for p in self.server.methods))}"))
             return
@@ -405,9 +430,15 @@ class GrpcConnection(asyncio.Protocol):
     def _answer(self, s: _Stream, message: bytes) -> None:
         if self.streams.get(s.id) is not s or self.transport is None:
             return
-        s.pending = [memoryview(_MESSAGE_PREFIX.pack(0, len(message)) + message)]
+        s.pending = [memoryview(MESSAGE_PREFIX.pack(0, len(message)) + message)]
         s.trailers = OK_TRAILERS
         self._send(s, frame(HEADERS, END_HEADERS, s.id, RESPONSE_HEADERS))
+
+    def _answer_plain(self, s: _Stream, status: int, why: str) -> None:
+        head, body = not_grpc_answer(status, why)
+        s.pending = [memoryview(body)]
+        s.trailers = None
+        self._send(s, frame(HEADERS, END_HEADERS, s.id, head))
 
     def _answer_error(self, s: _Stream, e: RpcError) -> None:
         """A trailers-only answer: one HEADERS frame with the status, ending the stream."""
@@ -415,18 +446,19 @@ class GrpcConnection(asyncio.Protocol):
             return
         self._write(frame(HEADERS, END_HEADERS | END_STREAM, s.id, RESPONSE_HEADERS + status_trailers(e.code, e.message)))
         if not s.received:
-            self._reset(s, NO_ERROR)  # the client may stop sending: the answer is complete
+            self._reset(s.id, NO_ERROR)  # the client may stop sending: the answer is complete
 
     def _send(self, s: _Stream, head: bytes = b"") -> None:
-        """Write what the windows allow of a stream's answer (after its head, where given); its
-        trailers once all of it is out."""
+        """Write what the windows allow of a stream's answer (after its head, where given); the end
+        of the stream once all of it is out."""
         out: list[bytes | memoryview] = [head] if head else []
         while s.pending:
             chunk = s.pending[0]
             n = min(len(chunk), self.peer_frame, self.send_window, s.send_window)
-            if n <= 0 and chunk:
+            if n <= 0:
                 break
-            out.append(_PACK_HEADER.pack(n >> 8, n & 0xFF, DATA, 0, s.id))
+            last = n == len(chunk) and len(s.pending) == 1 and s.trailers is None
+            out.append(_PACK_HEADER.pack(n >> 8, n & 0xFF, DATA, END_STREAM if last else 0, s.id))
             out.append(chunk[:n])
             self.send_window -= n
             s.send_window -= n
@@ -435,7 +467,8 @@ class GrpcConnection(asyncio.Protocol):
             else:
                 s.pending[0] = chunk[n:]
         if not s.pending:
-            out.append(frame(HEADERS, END_HEADERS | END_STREAM, s.id, s.trailers))
+            if s.trailers is not None:
+                out.append(frame(HEADERS, END_HEADERS | END_STREAM, s.id, s.trailers))
             self.streams.pop(s.id, None)
         if out:
             self._write(b"".join(out) if len(out) <= 4 else out)
@@ -447,11 +480,16 @@ class GrpcConnection(asyncio.Protocol):
             self._send(s)
 
     # --- connection
-    def _reset(self, s: _Stream, code: int) -> None:
-        self.streams.pop(s.id, None)
-        if s.task is not None:
+    def _reset(self, sid: int, code: int) -> None:
+        s = self.streams.pop(sid, None)
+        if s is not None and s.task is not None:
             s.task.cancel()
-        self._write(frame(RST_STREAM, 0, s.id, _WINDOW.pack(code)))
+        if self.continuing is not None and self.continuing.id == sid:
+            self.continuing = None
+        self.reset[sid] = None
+        if len(self.reset) > RESET_MEMORY:
+            del self.reset[next(iter(self.reset))]
+        self._write(frame(RST_STREAM, 0, sid, _WORD.pack(code)))
 
     def _write(self, data: bytes | list[bytes | memoryview]) -> None:
         """Send now, after any PING answers held back: one system call where it can be."""
@@ -494,12 +532,6 @@ class GrpcConnection(asyncio.Protocol):
         self._write(frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream, code) + reason.encode()))
         if self.transport is not None:
             self.transport.close()
-
-
-class _ConnectionError(Exception):
-    def __init__(self, code: int, reason: str) -> None:
-        super().__init__(reason)
-        self.code = code
 
 
 class GrpcServer:

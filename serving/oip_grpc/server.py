@@ -17,7 +17,8 @@ from ..registry import ModelRegistry, ServingConfig, timeout_from_params
 from . import (
     METHODS, SERVICE, ModelReadyResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse, codec,
 )
-from .http2 import GrpcServer, RpcError, Unary
+from .grpc_wire import RpcError
+from .http2 import GrpcServer, Unary
 
 logger = logging.getLogger("kubetrt.serving")
 Handler = Callable[[Any, "float | None"], Awaitable[Any]]

@@ -1,16 +1,19 @@
 """serving/oip_grpc/http2.py, the HTTP/2 server the gRPC endpoint runs on, driven by grpcio's C-core
 client (a client we did not write) against test methods: messages past every window and frame
 size both ways, calls interleaved on one connection, deadlines, compression, errors, cancellation,
-a graceful stop, and a client that speaks no HTTP/2. Its HPACK decoder against the `hpack`
-package's encoder."""
+a graceful stop, and a client that speaks no HTTP/2; checked by h2spec, the HTTP/2 conformance
+suite, case by case. Its HPACK decoder against the `hpack` package's encoder."""
 from __future__ import annotations
 
 import asyncio
 import random
 import socket
+import re
+import subprocess
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any, Awaitable, Callable, Iterator
 
 import grpc
@@ -20,9 +23,11 @@ import uvloop
 
 from kubetrt.serving.oip_grpc import http2
 from kubetrt.serving.oip_grpc.header_block import HeaderBlockError, HeaderDecoder
-from kubetrt.serving.oip_grpc.http2 import GrpcServer, RpcError
+from kubetrt.serving.oip_grpc.grpc_wire import RpcError
+from kubetrt.serving.oip_grpc.http2 import GrpcServer
 
 MAX_MESSAGE = 8 << 20
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Methods:
@@ -207,7 +212,7 @@ def test_header_blocks_decode_as_hpack_encoded_them(huffman):
         if i == 100:
             encoder.header_table_size = 256  # the encoder tells the decoder of its smaller table
         block = encoder.encode(fields, huffman=huffman)
-        assert decoder.decode(block) == dict(fields)
+        assert decoder.decode(block) == fields
     assert decoder.size <= 256
 
 
@@ -262,4 +267,28 @@ def test_answers_wait_for_the_clients_window(served):
     assert data(frames) == message
     assert max(len(p) for k, _, _, p in frames if k == http2.DATA) <= http2.DEFAULT_FRAME
     trailers = HeaderDecoder(1 << 16).decode(frames[-1][3])
-    assert trailers == {b"grpc-status": b"0"}
+    assert trailers == [(b"grpc-status", b"0")]
+
+
+def test_h2spec_finds_every_case_of_rfc_9113_and_7541_answered_as_they_ask(served):
+    """h2spec's 145 cases: frame and stream errors, flow control, settings, header rules, HPACK.
+    (Its requests are no gRPC calls; they are answered 415 with a body, which its cases read.)"""
+    h2spec = subprocess.run(["bash", str(REPO / "scripts" / "get-h2spec.sh")], capture_output=True, text=True, check=True)
+    run = subprocess.run([h2spec.stdout.strip(), "-h", "127.0.0.1", "-p", str(served.port)],
+                         capture_output=True, text=True, timeout=300)
+    summary = re.search(r"(\d+) tests, (\d+) passed, (\d+) skipped, (\d+) failed", run.stdout)
+    assert summary is not None, run.stdout[-2000:] + run.stderr[-2000:]
+    failed = [line.strip() for line in run.stdout.splitlines() if "\u00d7" in line]
+    assert summary.groups() == ("145", "145", "0", "0"), f"{summary.group(0)}; failed: {failed}"
+
+
+def test_a_request_that_is_no_grpc_call_is_told_what_this_port_serves(served):
+    block = hpack.Encoder().encode([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/v2/models/m/infer"),
+                                    (b":authority", b"x"), (b"content-type", b"application/json")])
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
+        s.sendall(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0)
+                  + http2.frame(http2.HEADERS, http2.END_HEADERS, 1, block) + http2.frame(http2.DATA, http2.END_STREAM, 1, b"{}"))
+        frames = _read_frames(s, lambda fs: any(k == http2.DATA and f & http2.END_STREAM for k, f, _, _ in fs))
+    head = dict(HeaderDecoder(1 << 16).decode(next(p for k, _, sid, p in frames if k == http2.HEADERS and sid == 1)))
+    body = b"".join(p for k, _, sid, p in frames if k == http2.DATA and sid == 1)
+    assert head[b":status"] == b"415" and b"serves gRPC calls (content-type application/grpc)" in body
