@@ -21,9 +21,9 @@ for _file in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_byt
     _pool.Add(_file)
 
 
-def message_class(name: str) -> Any:
-    """The message class of `inference.<name>` (nested ones as 'Outer.Inner')."""
-    return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"inference.{name}"))
+def message_class(name: str, package: str = "inference") -> Any:
+    """The message class of `<package>.<name>` (nested ones as 'Outer.Inner')."""
+    return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"{package}.{name}"))
 
 
 ServerLiveResponse = message_class("ServerLiveResponse")

@@ -15,7 +15,7 @@ from ..calls import lookup, tracked
 from ..errors import ServingError
 from ..registry import ModelRegistry, ServingConfig, timeout_from_params
 from . import (
-    METHODS, SERVICE, ModelReadyResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse, codec,
+    METHODS, SERVICE, ModelReadyResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse, codec, health,
 )
 from .grpc_wire import RpcError
 from .http2 import GrpcServer, Unary
@@ -80,7 +80,10 @@ def unary(name: str, method: Handler, request_cls: Any) -> Unary:
 
 
 def create_grpc_server(registry: ModelRegistry, config: ServingConfig) -> GrpcServer:
-    """An unstarted server of the service's methods; `await server.start(host, port)` listens."""
+    """An unstarted server of the OIP service's methods and the health service's Check;
+    `await server.start(host, port)` listens."""
     service = InferenceService(registry)
-    return GrpcServer({f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls)
-                       for name, (request_cls, _) in METHODS.items()}, config.max_body_bytes)
+    methods = {f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls)
+               for name, (request_cls, _) in METHODS.items()}
+    methods[f"/{health.SERVICE}/Check"] = unary("Check", health.HealthService(registry).Check, health.HealthCheckRequest)
+    return GrpcServer(methods, config.max_body_bytes)

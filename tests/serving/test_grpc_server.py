@@ -3,9 +3,11 @@ server, beside REST on the same registry: same answers, same errors (as gRPC sta
 metrics, overload refused at once."""
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import httpx
@@ -193,3 +195,29 @@ def test_a_full_queue_is_refused_at_once_on_both_transports(cnn_model):
             for t in waiting:
                 t.join(30)
             c.close()
+
+
+def test_the_standard_health_service_says_what_readiness_says(grpc_server, cnn_package, tmp_path):
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+    import grpc
+
+    def check(port: int, service: str) -> int:
+        with grpc.insecure_channel(f"127.0.0.1:{port}") as ch:
+            return health_pb2_grpc.HealthStub(ch).Check(health_pb2.HealthCheckRequest(service=service), timeout=10).status
+
+    serving = health_pb2.HealthCheckResponse.SERVING
+    port = grpc_server.app.state.grpc_port
+    assert check(port, "") == check(port, "inference.GRPCInferenceService") == check(port, "small_cnn") == serving
+    with pytest.raises(grpc.RpcError) as e:
+        check(port, "nope")
+    assert e.value.code() == grpc.StatusCode.NOT_FOUND and "unknown model 'nope'" in e.value.details()
+
+    broken = tmp_path / "pkg"
+    shutil.copytree(cnn_package, broken)
+    (broken / "model.onnx").write_bytes(b"not onnx")  # the runtime refuses it: never ready
+    with LiveServer(create_app([broken], ServingConfig(grpc_port=0))) as live:
+        deadline = time.monotonic() + 60
+        while live.registry.get("small_cnn").state.value == "loading" and time.monotonic() < deadline:
+            time.sleep(0.05)
+        not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
+        assert check(live.app.state.grpc_port, "") == check(live.app.state.grpc_port, "small_cnn") == not_serving
