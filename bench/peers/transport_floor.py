@@ -59,7 +59,7 @@ def main() -> None:
             while True:
                 message = await receive()
                 if message["type"] == "lifespan.startup":
-                    grpc_server = await start_grpc(cfg["grpc_port"], request_cls, response_cls, reply)
+                    grpc_server = await start_grpc(cfg["grpc_port"], request_cls, reply)
                     await send({"type": "lifespan.startup.complete"})
                 else:
                     await grpc_server.stop(1)
@@ -79,7 +79,7 @@ def main() -> None:
     serve(uvicorn_config(app, "127.0.0.1", cfg["http_port"]))
 
 
-async def start_grpc(port: int, request_cls: Any, response_cls: Any, reply: Any) -> GrpcServer:
+async def start_grpc(port: int, request_cls: Any, reply: Any) -> GrpcServer:
     async def infer(request: Any, remaining: float | None) -> Any:
         return reply
 

@@ -75,7 +75,7 @@ def unary(name: str, method: Handler, request_cls: Any) -> Unary:
             if e.status == 500:
                 log(logger, logging.WARNING, "inference failed", rpc=name, error=e.message)
             raise RpcError(e.grpc_code, e.message) from None
-        return bytes(response.SerializeToString())
+        return response.SerializeToString()
     return call
 
 
