@@ -48,6 +48,7 @@ MAX_HEADER_BLOCK = 64 << 10
 DEFAULT_FRAME = 16_384
 RECEIVE_FRAME_LIMIT = DEFAULT_FRAME  # this server announces no larger SETTINGS_MAX_FRAME_SIZE
 HOLD_S = 0.005  # the longest a PING answer waits for company
+LINGER_S = 1.0  # how long a connection this side ends keeps reading what the client had already sent
 RESET_MEMORY = 1024  # streams this side reset, remembered so that the frames already on their way are dropped
 _FRAME_HEADER = struct.Struct(">IBI")  # a 24-bit length and the type in one word, the flags, the stream
 _PACK_HEADER = struct.Struct(">HBBBI")
@@ -120,6 +121,8 @@ class GrpcConnection(asyncio.Protocol):
         self.receive_window = RECEIVE_WINDOW
         self.unacked = 0  # bytes read since the last connection WINDOW_UPDATE
         self.going_away = False
+        self.shut = False  # this side sent its last byte; what arrives now is read and dropped
+        self.linger: asyncio.TimerHandle | None = None
 
     # --- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -133,14 +136,17 @@ class GrpcConnection(asyncio.Protocol):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.server.connections.discard(self)
-        if self.release is not None:
-            self.release.cancel()
+        for timer in (self.release, self.linger):
+            if timer is not None:
+                timer.cancel()
         for s in self.streams.values():
             if s.task is not None:
                 s.task.cancel()
         self.streams.clear()
 
     def data_received(self, data: bytes) -> None:
+        if self.shut:
+            return
         buf = self.buffer
         buf += data
         if not self.preface:
@@ -154,7 +160,7 @@ class GrpcConnection(asyncio.Protocol):
         view = memoryview(buf)
         at, end = 0, len(buf)
         try:
-            while end - at >= 9:
+            while end - at >= 9 and not self.shut:  # past the end, what the client sent is dropped
                 word, flags, stream = _FRAME_HEADER.unpack_from(view, at)
                 length, kind = word >> 8, word & 0xFF
                 if length > RECEIVE_FRAME_LIMIT:
@@ -493,7 +499,7 @@ class GrpcConnection(asyncio.Protocol):
 
     def _write(self, data: bytes | list[bytes | memoryview]) -> None:
         """Send now, after any PING answers held back: one system call where it can be."""
-        if self.transport is None or self.transport.is_closing():
+        if self.transport is None or self.shut or self.transport.is_closing():
             return
         if isinstance(data, list):
             self.transport.writelines([*self.held, *data])
@@ -524,14 +530,29 @@ class GrpcConnection(asyncio.Protocol):
         self._close_when_idle()
 
     def _close_when_idle(self) -> None:
-        if self.going_away and not self.streams and self.transport is not None:
-            self.transport.close()
+        if self.going_away and not self.streams:
+            self._shut()
 
     def _close_with(self, code: int, reason: str) -> None:
         log(logger, logging.INFO, "gRPC connection closed", error=reason)
         self._write(frame(GOAWAY, 0, 0, struct.pack(">II", self.last_stream, code) + reason.encode()))
-        if self.transport is not None:
-            self.transport.close()
+        self._shut()
+
+    def _shut(self) -> None:
+        """End the connection with a FIN after what was written, and read (dropping it) what the client
+        still sends until it closes too, or LINGER_S passes: a socket closed with unread bytes answers
+        them with a reset, which can destroy the GOAWAY before the client reads it."""
+        t = self.transport
+        if t is None or self.shut:
+            return
+        if self.held:
+            self._write(b"")
+        self.shut = True
+        if t.is_closing() or not t.can_write_eof():
+            t.close()
+            return
+        t.write_eof()
+        self.linger = asyncio.get_running_loop().call_later(LINGER_S, t.close)
 
 
 class GrpcServer:

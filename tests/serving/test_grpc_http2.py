@@ -193,6 +193,30 @@ def test_frames_past_the_announced_size_close_the_connection(served):
     assert b"past the 16384 this server announced" in seen
 
 
+@pytest.mark.parametrize("ending", ["client's GOAWAY", "connection error"])
+def test_a_connection_ends_cleanly_whatever_the_client_had_sent_after(served, ending):
+    """Bytes the client sent past the frame that ends the connection, still unread when it ends, must
+    not turn the close into a reset, which discards what the server wrote last, its GOAWAY among it
+    (checked: a plain close fails this)."""
+    first = (http2.frame(http2.GOAWAY, 0, 0, bytes(8)) if ending == "client's GOAWAY"
+             else http2.frame(http2.PING, 0, 1, bytes(8)))  # a PING on a stream: PROTOCOL_ERROR
+    after = http2.frame(http2.PING, 0, 0, b"after-it") * 60_000  # more than one read of the server's
+    with socket.create_connection(("127.0.0.1", served.port), timeout=5) as s:
+        s.sendall(http2.PREFACE + http2.frame(http2.SETTINGS, 0, 0) + first + after)
+        seen = b""
+        while chunk := s.recv(65536):  # a reset raises ConnectionResetError here
+            seen += chunk
+    frames = []
+    while seen:
+        n = int.from_bytes(seen[:3], "big")
+        frames.append((seen[3], seen[9:9 + n]))
+        seen = seen[9 + n:]
+    assert frames[0][0] == http2.SETTINGS
+    assert all(k != http2.PING for k, _ in frames), "a PING past the end was answered"
+    if ending == "connection error":
+        assert frames[-1][0] == http2.GOAWAY and frames[-1][1][4:8] == http2.PROTOCOL_ERROR.to_bytes(4, "big")
+
+
 def _header_lists() -> Iterator[list[tuple[bytes, bytes]]]:
     rng = random.Random(7)
     common = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
