@@ -3,7 +3,7 @@ the same functions, and outputs go back as raw_output_contents (what Triton answ
 tritonclient and KServe's clients read first). Pure functions, as serving/oip.py."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping, NamedTuple, Sequence
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from kubetrt.runtime.package import TensorSpec
 from .. import oip
 from ..errors import BadRequest
 from ..tensors import array_from_json, element_count, oip_datatype
-from . import ModelInferResponse, ModelMetadataResponse
+from . import ModelInferRequest, ModelInferResponse, ModelMetadataResponse
 
 # the typed-contents field each datatype travels in (FP16 has none: it travels raw only)
 CONTENTS_FIELD = {
@@ -31,10 +31,79 @@ def parameters(params: Mapping[str, Any]) -> dict[str, Any]:
     return out
 
 
-def decode_infer_request(msg: Any, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> oip.InferRequest:
+RAW_INPUT_CONTENTS = 7  # ModelInferRequest's field number of raw_input_contents (predict_v2.proto)
+SPLIT_MIN_BYTES = 32 << 10  # smaller messages are parsed whole: copying them costs less than walking their fields
+
+
+class InferMessage(NamedTuple):
+    """A ModelInferRequest read with its raw_input_contents left where they arrived."""
+    msg: Any  # the ModelInferRequest without its raw_input_contents
+    raw: Sequence[memoryview | bytes]  # each input's bytes, in input order
+
+
+def read_infer_request(message: memoryview) -> InferMessage:
+    """Parse a ModelInferRequest, its raw_input_contents as views of `message`: protobuf's parser
+    would copy each into the message and copy it again on every read of the field, and those
+    bytes are most of a large request. Raises DecodeError where the message is no valid protobuf."""
+    split = split_raw_input_contents(message) if len(message) >= SPLIT_MIN_BYTES else None
+    if split is None:  # small, or not well formed (then the parser says what is wrong)
+        msg = ModelInferRequest.FromString(message)
+        return InferMessage(msg, msg.raw_input_contents)
+    rest, raw = split
+    return InferMessage(ModelInferRequest.FromString(rest), raw)
+
+
+def split_raw_input_contents(message: memoryview) -> tuple[bytes, list[memoryview]] | None:
+    """(the message's other fields' bytes, each raw_input_contents as a view of `message`) from a walk
+    of its top-level fields by the protobuf wire format; None where the walk finds no valid message."""
+    rest: list[memoryview] = []
+    raw: list[memoryview] = []
+    at, end, kept = 0, len(message), 0
+    try:
+        while at < end:
+            field = at
+            key, at = _varint(message, at)
+            wire = key & 7
+            if wire == 2:  # length-delimited
+                n, at = _varint(message, at)
+                if key >> 3 == RAW_INPUT_CONTENTS and at + n <= end:
+                    raw.append(message[at:at + n])
+                    rest.append(message[kept:field])
+                    kept = at + n
+                at += n
+            elif wire == 0:
+                _, at = _varint(message, at)
+            elif wire in (1, 5):  # fixed 64 and 32 bits
+                at += 8 if wire == 1 else 4
+            else:  # groups, deprecated, and no field of this message
+                return None
+    except IndexError:
+        return None
+    if at != end:
+        return None
+    rest.append(message[kept:end])
+    return b"".join(rest), raw
+
+
+def _varint(data: memoryview, at: int) -> tuple[int, int]:
+    """The base-128 varint at `at` -> (its value, the index after it); IndexError past the end or
+    the ten bytes a varint may take."""
+    value = shift = 0
+    while True:
+        byte = data[at]
+        at += 1
+        value |= (byte & 0x7F) << shift
+        if byte < 0x80:
+            return value, at
+        shift += 7
+        if shift > 63:
+            raise IndexError("a varint longer than ten bytes")
+
+
+def decode_infer_request(request: InferMessage, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> oip.InferRequest:
+    msg, raw = request
     if not msg.inputs:
         raise BadRequest("'inputs' must be a non-empty list of tensors")
-    raw = msg.raw_input_contents
     if raw and len(raw) != len(msg.inputs):
         raise BadRequest(f"raw_input_contents has {len(raw)} buffers for {len(msg.inputs)} inputs; "
                          "expected one per input, in input order")

@@ -47,8 +47,8 @@ class InferenceService:
         s = self.registry.get(request.name, request.version or None)
         return codec.model_metadata(s.name, s.version, s.inputs, s.outputs)
 
-    async def ModelInfer(self, request: Any, remaining: float | None) -> Any:
-        served = lookup(self.registry, request.model_name, request.model_version or None)
+    async def ModelInfer(self, request: codec.InferMessage, remaining: float | None) -> Any:
+        served = lookup(self.registry, request.msg.model_name, request.msg.model_version or None)
 
         async def handle() -> Any:
             req = codec.decode_infer_request(request, served.inputs, served.outputs)
@@ -61,12 +61,14 @@ class InferenceService:
         return await tracked(served, handle)
 
 
-def unary(name: str, method: Handler, request_cls: Any) -> Unary:
-    """A service method as http2.py calls it: message bytes in, message bytes out, serving errors
-    raised as their gRPC status."""
+def unary(name: str, method: Handler, request_cls: Any, parse: Callable[[memoryview], Any] | None = None) -> Unary:
+    """A service method as http2.py calls it: message bytes in (read by `parse`, request_cls.FromString
+    where None), message bytes out, serving errors raised as their gRPC status."""
+    read = request_cls.FromString if parse is None else parse
+
     async def call(message: memoryview, remaining: float | None) -> bytes:
         try:
-            request = request_cls.FromString(message)
+            request = read(message)
         except DecodeError as e:
             raise RpcError("INTERNAL", f"the request is not a {request_cls.DESCRIPTOR.full_name} message: {e}") from None
         try:
@@ -83,7 +85,8 @@ def create_grpc_server(registry: ModelRegistry, config: ServingConfig) -> GrpcSe
     """An unstarted server of the OIP service's methods and the health service's Check;
     `await server.start(host, port)` listens."""
     service = InferenceService(registry)
-    methods = {f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls)
+    parsers = {"ModelInfer": codec.read_infer_request}
+    methods = {f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls, parsers.get(name))
                for name, (request_cls, _) in METHODS.items()}
     methods[f"/{health.SERVICE}/Check"] = unary("Check", health.HealthService(registry).Check, health.HealthCheckRequest)
     return GrpcServer(methods, config.max_body_bytes)
