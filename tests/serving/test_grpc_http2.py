@@ -206,15 +206,12 @@ def test_a_connection_ends_cleanly_whatever_the_client_had_sent_after(served, en
         seen = b""
         while chunk := s.recv(65536):  # a reset raises ConnectionResetError here
             seen += chunk
-    frames = []
-    while seen:
-        n = int.from_bytes(seen[:3], "big")
-        frames.append((seen[3], seen[9:9 + n]))
-        seen = seen[9 + n:]
+    frames, rest = _split_frames(seen)
+    assert rest == b""
     assert frames[0][0] == http2.SETTINGS
-    assert all(k != http2.PING for k, _ in frames), "a PING past the end was answered"
+    assert all(k != http2.PING for k, _, _, _ in frames), "a PING past the end was answered"
     if ending == "connection error":
-        assert frames[-1][0] == http2.GOAWAY and frames[-1][1][4:8] == http2.PROTOCOL_ERROR.to_bytes(4, "big")
+        assert frames[-1][0] == http2.GOAWAY and frames[-1][3][4:8] == http2.PROTOCOL_ERROR.to_bytes(4, "big")
 
 
 def _header_lists() -> Iterator[list[tuple[bytes, bytes]]]:
@@ -257,12 +254,19 @@ def _read_frames(s: socket.socket, until: Callable[[list[tuple[int, int, int, by
     while not until(frames):
         chunk = s.recv(65536)
         assert chunk, f"the server closed the connection after {[(k, f, sid) for k, f, sid, _ in frames]}"
-        buf += chunk
-        while len(buf) >= 9 and len(buf) >= 9 + int.from_bytes(buf[:3], "big"):
-            n = int.from_bytes(buf[:3], "big")
-            frames.append((buf[3], buf[4], int.from_bytes(buf[5:9], "big") & 0x7FFFFFFF, buf[9:9 + n]))
-            buf = buf[9 + n:]
+        more, buf = _split_frames(buf + chunk)
+        frames += more
     return frames
+
+
+def _split_frames(data: bytes) -> tuple[list[tuple[int, int, int, bytes]], bytes]:
+    """The whole frames at the start of `data` as (type, flags, stream, payload), and the bytes after them."""
+    frames = []
+    while len(data) >= 9 and len(data) >= 9 + int.from_bytes(data[:3], "big"):
+        n = int.from_bytes(data[:3], "big")
+        frames.append((data[3], data[4], int.from_bytes(data[5:9], "big") & 0x7FFFFFFF, data[9:9 + n]))
+        data = data[9 + n:]
+    return frames, data
 
 
 def test_answers_wait_for_the_clients_window(served):
