@@ -12,6 +12,7 @@ import numpy as np
 
 from . import jit
 from .activations import UNARY_OPS, Params, bind
+from .channel_affine import ChannelAffine
 from .registry import BLOCKED_OPERAND, OutputShapes, KernelSpec, Run, broadcast, broadcast_bool, broadcast_shape, register, same_as_input
 
 
@@ -125,13 +126,14 @@ def mul_add(spec: KernelSpec) -> Run:
     if scale is None or shift is None:
         raise ValueError(f"MulAdd {spec.name}: scale and shift must be constants")
     width = scale.size
+    affine = ChannelAffine(scale, shift, relu) if jit.AVAILABLE else None
 
     def run(x: np.ndarray, *_consts: Any) -> tuple[np.ndarray, ...]:
         if x.dtype != np.float32 or x.ndim == 0 or x.shape[-1] != width:
             raise ValueError(f"MulAdd {spec.name}: expected float32 input with {width} values on its last axis, "
                              f"got {x.dtype}{list(x.shape)}")
-        if jit.AVAILABLE:
-            return (jit.rows_affine(x, scale, shift, relu),)
+        if affine is not None:
+            return (affine(x),)
         y = x * scale + shift
         return (np.maximum(y, 0, out=y) if relu else y,)
 

@@ -671,7 +671,7 @@ if numba is not None:
                     x[j] = v[j] / x[j]
 
 
-def _rows_joined(c: int, rows: int) -> int:
+def rows_joined(c: int, rows: int) -> int:
     """How many rows of width c one row of the kernels' loop spans: narrow rows are joined (their
     vectors tiled) until the inner loop is wide enough to vectorize."""
     k = 1
@@ -695,7 +695,7 @@ def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool 
                   a.size // ROW_VECTOR_PASSES)
         return out
     a = np.ascontiguousarray(a)
-    k = _rows_joined(c, rows)
+    k = rows_joined(c, rows)
     args = (a.reshape(rows // k, c * k), np.tile(scale, k), np.tile(shift, k), floor, out.reshape(rows // k, c * k))
     run_split(_rows_affine, args, rows // k, a.size // ROW_VECTOR_PASSES)
     return out
@@ -741,7 +741,7 @@ def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, ou
     one short inner loop per row there, several times slower than this single pass. `out` may be a."""
     c = v.size
     rows = a.size // c
-    k = _rows_joined(c, rows)
+    k = rows_joined(c, rows)
     vec = np.ascontiguousarray(v, dtype=a.dtype).reshape(-1)
     if k > 1:
         vec = np.tile(vec, k)

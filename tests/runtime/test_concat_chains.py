@@ -42,8 +42,8 @@ def watched(model: Any, feeds: dict[str, np.ndarray]) -> tuple[list[np.ndarray],
     return got, calls
 
 
-def matches_ort(model: Any, batch: int) -> list[tuple[str, tuple, tuple]]:
-    feeds = {"x": f32(batch, 6, 6, 3)}
+def matches_ort(model: Any, batch: int, size: int = 6) -> list[tuple[str, tuple, tuple]]:
+    feeds = {"x": f32(batch, size, size, 3)}
     got, calls = watched(model, feeds)
     for g, want in zip(got, run_ort(model, feeds)):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5 * max(1.0, float(np.abs(want).max())))
@@ -114,3 +114,25 @@ def test_rows_in_buffer_and_place_rows() -> None:
     scale, shift = np.abs(f32(4)), f32(4)
     np.testing.assert_allclose(jit.rows_affine(view, scale, shift, relu=True),
                                np.maximum(src * scale + shift, 0), rtol=1e-6, atol=1e-6)
+
+
+def test_a_large_blocks_normalizations_run_on_the_team(monkeypatch: pytest.MonkeyPatch) -> None:
+    """From channel_affine.TEAM_MIN_ELEMENTS up, each layer's normalization reads its view of the
+    buffer on the OpenMP team, and the block still matches onnxruntime."""
+    from kubetrt.runtime.kernels import channel_affine
+
+    if not channel_affine.AVAILABLE:
+        pytest.skip("the team kernel needs numba and libgomp")
+    team_calls: list[int] = []
+    run = channel_affine._run
+    monkeypatch.setattr(channel_affine, "_run", lambda consts, src, first, stride, rows, out, threads:
+                        team_calls.append(rows) or run(consts, src, first, stride, rows, out, threads))
+    nodes, consts, last = dense_block(3)
+    head = [node("Transpose", [last], ["y"], perm=[0, 2, 3, 1])]
+    size = 48  # 48x48 pixels of 8 channels: the first normalization's 18432 elements reach the team
+    assert size * size * 8 >= channel_affine.TEAM_MIN_ELEMENTS
+    calls = matches_ort(make_model(nodes + head, {"x": f32(1, size, size, 3)}, ["y"], consts, dynamic_batch=True), 1, size)
+    strided = [args[0] for op, args, _ in calls if op == "MulAdd" and not args[0].flags.c_contiguous]
+    assert len(strided) == 2
+    # the stem's contiguous 8 channels in rows joined to 256 floats, then the views' pixel rows
+    assert team_calls == [size * size * 8 // 256, size * size, size * size]
