@@ -30,25 +30,18 @@ AVAILABLE = jit.AVAILABLE and omp.PARALLEL != 0
 if AVAILABLE:
     from numba import carray
 
-    @jit.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
-    def _affine_rows(src, first, stride, c, scale, shift, relu, out, start, stop):
-        # rows [start, stop): row i read at element first + i * stride of src, written at i * c of out
-        floor = np.float32(0.0) if relu else np.float32(-np.inf)
-        for i in range(start, stop):
-            x = jit.float32_view(src, first + i * stride, c)
-            y = jit.float32_view(out, i * c, c)
-            for j in range(c):
-                y[j] = max(x[j] * scale[j] + shift[j], floor)
-
     def _member(data):  # compiled into a C callable by jit.entry_address
         q = carray(jit.int64s_at(data), (_SIZE,))
         team, me = jit.c_call0(q[_NUM_THREADS]), jit.c_call0(q[_THREAD_NUM])
         omp.apart(q[_PLACE], me)
-        rows, c = q[_ROWS], q[_C]
+        rows, c, first, stride = q[_ROWS], q[_C], q[_FIRST], q[_STRIDE]
         scale = carray(jit.float32s_at(q[_SCALE]), (c,))
         shift = carray(jit.float32s_at(q[_SHIFT]), (c,))
-        _affine_rows(q[_SRC], q[_FIRST], q[_STRIDE], c, scale, shift, q[_RELU], q[_OUT],
-                     rows * me // team, rows * (me + 1) // team)
+        src = carray(jit.float32s_at(q[_SRC]), (first + (rows - 1) * stride + c,))
+        out = carray(jit.float32s_at(q[_OUT]), (rows, c))
+        floor = np.float32(0.0) if q[_RELU] else np.float32(-np.inf)
+        # the one-thread pass's own kernel, on this member's rows: the same bits at every team size
+        jit.rows_affine_at(src, first, stride, scale, shift, floor, out, rows * me // team, rows * (me + 1) // team)
 
     @jit.njit(cache=True, nogil=True)
     def _run(consts, src, first, stride, rows, out, threads):

@@ -621,7 +621,7 @@ if numba is not None:
                     y[j] = v[j] / x[j]
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
-    def _rows_affine_at(flat, first, stride, scale, shift, floor, out, start, stop):
+    def rows_affine_at(flat, first, stride, scale, shift, floor, out, start, stop):
         c = scale.shape[0]
         for i in range(start, stop):
             at = first + i * stride
@@ -691,7 +691,7 @@ def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool 
     spaced = None if a.flags.c_contiguous else rows_in_buffer(a)
     if spaced is not None:
         flat, first, stride = spaced
-        run_split(_rows_affine_at, (flat, first, stride, scale, shift, floor, out.reshape(rows, c)), rows,
+        run_split(rows_affine_at, (flat, first, stride, scale, shift, floor, out.reshape(rows, c)), rows,
                   a.size // ROW_VECTOR_PASSES)
         return out
     a = np.ascontiguousarray(a)
