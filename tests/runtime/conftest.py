@@ -6,7 +6,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kubetrt.runtime.kernels import onednn
+from kubetrt.runtime.kernels import channel_affine, onednn
 
 
 @pytest.fixture
@@ -21,6 +21,21 @@ def onednn_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, tuple[int, 
         return real(self, x, *a, **k)
     monkeypatch.setattr(onednn.Site, "__call__", spy)
     return calls
+
+
+@pytest.fixture
+def team_affine_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Records the row count of every MulAdd pass channel_affine ran on the OpenMP team."""
+    if not channel_affine.AVAILABLE:
+        pytest.skip("the team kernel needs numba and libgomp")
+    rows_seen: list[int] = []
+    real = channel_affine._run
+
+    def spy(consts: np.ndarray, src: np.ndarray, first: int, stride: int, rows: int, out: np.ndarray, threads: int) -> Any:
+        rows_seen.append(rows)
+        return real(consts, src, first, stride, rows, out, threads)
+    monkeypatch.setattr(channel_affine, "_run", spy)
+    return rows_seen
 
 
 BLOCKED_BATCH = 8  # AVX2's default threshold, which the blocked-layout tests run at on any CPU

@@ -48,13 +48,9 @@ def test_a_view_of_a_growing_buffer_is_read_where_it_lies(threads: int) -> None:
     np.testing.assert_array_equal(buf, before)  # the buffer is only read
 
 
-def test_the_team_choice_runs_large_tensors_and_small_ones_stay_on_this_thread(monkeypatch: pytest.MonkeyPatch) -> None:
-    sizes: list[int] = []
-    run = channel_affine._run
-    monkeypatch.setattr(channel_affine, "_run", lambda consts, src, first, stride, rows, out, threads:
-                        sizes.append(rows) or run(consts, src, first, stride, rows, out, threads))
+def test_the_team_choice_runs_large_tensors_and_small_ones_stay_on_this_thread(team_affine_rows: list[int]) -> None:
     affine = ChannelAffine(f32(64), f32(64), False)
     small, large = f32(1, 4, 4, 64), f32(1, 32, 32, 64)
     for x in (small, large):
         np.testing.assert_array_equal(affine(x), jit.rows_affine(x, affine.scale, affine.shift, False))
-    assert sizes == [32 * 32 // 4]  # only the large one, its 64-channel rows joined four to a row
+    assert team_affine_rows == [32 * 32 // 4]  # only the large one, its 64-channel rows joined four to a row

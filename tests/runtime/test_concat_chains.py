@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from kubetrt.runtime.kernels import jit
+from kubetrt.runtime.kernels import channel_affine, jit
 from onnx_cases import make_model, node, run_ort, run_plan
 
 rng = np.random.default_rng(5)
@@ -116,17 +116,9 @@ def test_rows_in_buffer_and_place_rows() -> None:
                                np.maximum(src * scale + shift, 0), rtol=1e-6, atol=1e-6)
 
 
-def test_a_large_blocks_normalizations_run_on_the_team(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_large_blocks_normalizations_run_on_the_team(team_affine_rows: list[int]) -> None:
     """From channel_affine.TEAM_MIN_ELEMENTS up, each layer's normalization reads its view of the
     buffer on the OpenMP team, and the block still matches onnxruntime."""
-    from kubetrt.runtime.kernels import channel_affine
-
-    if not channel_affine.AVAILABLE:
-        pytest.skip("the team kernel needs numba and libgomp")
-    team_calls: list[int] = []
-    run = channel_affine._run
-    monkeypatch.setattr(channel_affine, "_run", lambda consts, src, first, stride, rows, out, threads:
-                        team_calls.append(rows) or run(consts, src, first, stride, rows, out, threads))
     nodes, consts, last = dense_block(3)
     head = [node("Transpose", [last], ["y"], perm=[0, 2, 3, 1])]
     size = 48  # 48x48 pixels of 8 channels: the first normalization's 18432 elements reach the team
@@ -135,4 +127,4 @@ def test_a_large_blocks_normalizations_run_on_the_team(monkeypatch: pytest.Monke
     strided = [args[0] for op, args, _ in calls if op == "MulAdd" and not args[0].flags.c_contiguous]
     assert len(strided) == 2
     # the stem's contiguous 8 channels in rows joined to 256 floats, then the views' pixel rows
-    assert team_calls == [size * size * 8 // 256, size * size, size * size]
+    assert team_affine_rows == [size * size * 8 // 256, size * size, size * size]
