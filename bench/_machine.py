@@ -8,6 +8,7 @@ import os
 import platform
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 # /proc/cpuinfo flag -> the name a reader looks for, widest last within each family
 _ISA_FLAGS = (("avx2", "AVX2"), ("avx_vnni", "AVX-VNNI"), ("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"),
@@ -79,14 +80,36 @@ def isa_cap_env(cap: str) -> dict[str, str]:
     kernels can be measured where no AVX2-only machine is at hand. Empty for 'native'."""
     if cap == "native":
         return {}
-    if cap != "avx2":
-        raise ValueError(f"ISA cap {cap!r}: expected one of {', '.join(ISA_CAPS)}")
+    onednn = onednn_cap_env(cap)  # checks the cap's name
     import llvmlite.binding as llvm
     from numpy._core import _multiarray_umath as numpy_dispatch
 
     features = ",".join(("-" + f[1:]) if f[0] == "+" and f[1:].startswith(_WIDER_THAN_AVX2) else f
                         for f in llvm.get_host_cpu_features().flatten().split(","))
     wider = [name for name in numpy_dispatch.__cpu_dispatch__ if name == "X86_V4" or name.startswith("AVX512")]
-    return {"ONEDNN_MAX_CPU_ISA": "AVX2", "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    return {**onednn, "MKL_ENABLE_INSTRUCTIONS": "AVX2",
             "NUMBA_CPU_NAME": "znver2" if "AMD" in cpu_model() else "haswell", "NUMBA_CPU_FEATURES": features,
             "NPY_DISABLE_CPU_FEATURES": " ".join(wider)}
+
+
+def onednn_cap_env(cap: str) -> dict[str, str]:
+    """The environment that keeps oneDNN's dispatch to `cap`: kubetrt's, and OpenVINO's whole CPU
+    plugin, whose primitives and own JIT kernels dispatch through the oneDNN it carries, which reads
+    the same variable. With it OpenVINO runs the code an AVX2 machine would; onnxruntime has no such
+    switch (its MLAS reads CPUID itself) and stays at the CPU's own. Empty for 'native'."""
+    if cap == "native":
+        return {}
+    if cap != "avx2":
+        raise ValueError(f"ISA cap {cap!r}: expected one of {', '.join(ISA_CAPS)}")
+    return {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def openvino_isa(compiled: Any) -> str:
+    """The widest vector ISA among a compiled OpenVINO model's kernels ('avx512', 'avx2', 'amx',
+    'none' where every kernel is reference or plain C++), read from the implementation names of its
+    runtime graph (brgconv_avx512_1x1_f32, jit_avx2_f32, ...)."""
+    names = [op.get_rt_info()["primitiveType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
+    for isa in ("amx", "avx512", "avx2"):
+        if any(f"_{isa}" in name for name in names):
+            return isa
+    return "none"

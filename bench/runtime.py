@@ -2,7 +2,7 @@
 
     python bench/runtime.py [--models mlp small_cnn mobilenet_v2 resnet50 efficientnet_b0 transformer]
                             [--engines ...] [--seconds 3] [--rounds 3] [--baseline DIR] [--int8]
-                            [--kubetrt-isa avx2]
+                            [--isa avx2]
 
 onnxruntime and OpenVINO are the peers a user serving on CPUs compares with: both run the package's
 model.onnx, OpenVINO compiled for the cell's exact batch size. The last lines give, per cell, the
@@ -14,9 +14,11 @@ that does not lower) is reported as failed with the reason; the rest of the run 
 on each model, calibrated with min-max on seeded random inputs: the data changes the scales, not
 the speed), beside kubetrt fp32, onnxruntime fp32 and TensorFlow fp32.
 
-`--kubetrt-isa avx2` runs kubetrt's AVX2 code on an AVX-512 machine (bench/_machine.py's
-isa_cap_env: oneDNN, numba, oneMKL and NumPy capped), the peers at the CPU's own: a check of the
-AVX2 kernels where no AVX2-only machine is at hand, against a higher bar than such a machine sets.
+`--isa avx2` runs kubetrt's AVX2 code on an AVX-512 machine (bench/_machine.py's isa_cap_env:
+oneDNN, numba, oneMKL and NumPy capped) and OpenVINO's (onednn_cap_env: its plugin dispatches through
+the oneDNN it carries); onnxruntime has no such switch and keeps the CPU's own kernels. A check of
+the AVX2 code where no AVX2-only machine is at hand: OpenVINO as such a machine runs it,
+onnxruntime a higher bar than it sets. Each cell's line says which ISA each runtime dispatched.
 
 `--baseline DIR` adds another checkout of kubetrt (e.g. `git worktree add DIR main`) as one more
 engine, `baseline`, taking turns with the others in the same run: a change's before and after,
@@ -50,7 +52,7 @@ ENGINES = ("kubetrt", "tensorflow", "onnxruntime", "openvino")
 PEERS = ("onnxruntime", "openvino")  # the CPU runtimes kubetrt is held to (best-peer/kubetrt)
 INT8_ENGINES = ("kubetrt-int8", "onnxruntime-int8")
 BASELINE = "baseline"
-KUBETRT_ENGINES = ("kubetrt", "kubetrt-int8", BASELINE)  # the workers an ISA cap applies to
+KUBETRT_ENGINES = ("kubetrt", "kubetrt-int8", BASELINE)  # the workers isa_cap_env applies to (OpenVINO: onednn_cap_env)
 CALIBRATION_SAMPLES = 8
 MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50", "efficientnet_b0", "transformer")
 # Models no kernel or heuristic was tuned on, measured to show a gain carries over (--models all)
@@ -115,6 +117,23 @@ def openvino_compiled(model_path: Path, feeds: dict[str, np.ndarray], perf_count
     return core.compile_model(model, "CPU", config)
 
 
+class OpenVINORun:
+    """One OpenVINO infer request as a runner, which can say which ISA its kernels were built for."""
+
+    def __init__(self, request: Any) -> None:
+        self.request = request
+
+    def __call__(self, feeds: dict[str, np.ndarray]) -> Any:
+        # inputs read in place, as onnxruntime does; outputs copied out, as every engine returns fresh arrays
+        return self.request.infer(feeds, share_inputs=True)
+
+    def isa(self) -> str:
+        sys.path.insert(0, str(HERE))
+        from _machine import openvino_isa
+
+        return openvino_isa(self.request.get_compiled_model())
+
+
 def runner(engine: str, package: Path, savedmodel: Path, feeds: dict[str, np.ndarray]) -> Callable[[dict[str, np.ndarray]], Any]:
     if engine == "kubetrt-int8":
         from kubetrt.runtime.devices.host import RUNTIME
@@ -139,9 +158,7 @@ def runner(engine: str, package: Path, savedmodel: Path, feeds: dict[str, np.nda
         sess = ort.InferenceSession(str(package / "model.onnx"), providers=["CPUExecutionProvider"])
         return lambda feeds: sess.run(None, feeds)
     if engine == "openvino":
-        request = openvino_compiled(package / "model.onnx", feeds).create_infer_request()
-        # inputs read in place, as onnxruntime does; outputs copied out, as every engine returns fresh arrays
-        return lambda feeds: request.infer(feeds, share_inputs=True)
+        return OpenVINORun(openvino_compiled(package / "model.onnx", feeds).create_infer_request())
     if engine == "tensorflow":
         from kubetrt.pipeline.ingest import tensorflow
 
@@ -213,7 +230,11 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
             neighbour()
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
-    isa = sys.modules["kubetrt.runtime.kernels.onednn"].isa_name() if "kubetrt.runtime.kernels.onednn" in sys.modules else None
+    isa: str | None = None  # what the engine's kernels were built for, where it says
+    if isinstance(run, OpenVINORun):
+        isa = run.isa()
+    elif engine in KUBETRT_ENGINES and "kubetrt.runtime.kernels.onednn" in sys.modules:
+        isa = sys.modules["kubetrt.runtime.kernels.onednn"].isa_name()
     return {"source": source, "isa": isa, "engine": engine, "model": model, "batch": batch, "median_s": med, "mean_s": statistics.fmean(times),
             "p99_s": float(np.percentile(times, 99)), "reps": len(times), "items_per_s": batch / med}
 
@@ -298,12 +319,12 @@ def spawn(args: list[str], checkout: Path | None = None, env: dict[str, str] | N
 
 
 def measure(models: list[str], engines: list[str], paths: dict[str, tuple[Path, Path]], seconds: float, rounds: int,
-            baseline: Path | None, kubetrt_env: dict[str, str] | None = None
+            baseline: Path | None, envs: dict[str, dict[str, str]] | None = None
             ) -> tuple[dict[tuple[str, str, int], dict[str, Any]], dict[tuple[str, str, int], str]]:
     """Per cell, the median of the rounds' medians, engines taking turns round by round so a noisy
     spell hits all of them alike; and, per failed cell, its reason (a failed engine sits out the
-    cell's later rounds: what failed to build once fails again). `kubetrt_env` goes to kubetrt's
-    workers only (the baseline's included): an ISA cap (_machine.isa_cap_env)."""
+    cell's later rounds: what failed to build once fails again). `envs` holds each engine's
+    own environment, where it has one: an ISA cap (_machine.isa_cap_env, onednn_cap_env)."""
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     failures: dict[tuple[str, str, int], str] = {}
     for m in models:
@@ -317,7 +338,7 @@ def measure(models: list[str], engines: list[str], paths: dict[str, tuple[Path, 
                     args = ["--worker", e, m, str(batch), *map(str, paths[m]), "--seconds", str(seconds / rounds)]
                     try:
                         cells[e].append(spawn(args, baseline if e == BASELINE else None,
-                                              kubetrt_env if e in KUBETRT_ENGINES else None))
+                                              (envs or {}).get(e)))
                     except WorkerFailed as err:
                         failures[(e, m, batch)] = str(err)
                         _progress(f"{m} batch {batch} {e} failed: {err}")
@@ -325,6 +346,15 @@ def measure(models: list[str], engines: list[str], paths: dict[str, tuple[Path, 
                 if (e, m, batch) not in failures:
                     results[(e, m, batch)] = sorted(runs, key=lambda c: c["median_s"])[len(runs) // 2]
     return results, failures
+
+
+def dispatched(results: dict[tuple[str, str, int], dict[str, Any]]) -> dict[str, list[str]]:
+    """Per engine that says, the ISAs its kernels were built for over the run's cells."""
+    found: dict[str, set[str]] = {}
+    for (e, _, _), r in results.items():
+        if r.get("isa"):
+            found.setdefault(e, set()).add(r["isa"])
+    return {e: sorted(isas) for e, isas in found.items()}
 
 
 def best_peer_lines(times: dict[tuple[str, str, int], float], models: list[str], engines: list[str]) -> list[str]:
@@ -349,7 +379,7 @@ def best_peer_lines(times: dict[tuple[str, str, int], float], models: list[str],
 
 def main() -> int:
     sys.path.insert(0, str(HERE))
-    from _machine import ISA_CAPS, cpu_line, cpu_tag, isa_cap_env
+    from _machine import ISA_CAPS, cpu_line, cpu_tag, isa_cap_env, onednn_cap_env
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS + UNTUNED + ("all",),
@@ -359,8 +389,8 @@ def main() -> int:
     p.add_argument("--seconds", type=float, default=3.0, help="measuring time per cell, split over the rounds")
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell; the median round is reported")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="another kubetrt checkout, measured as engine 'baseline'")
-    p.add_argument("--kubetrt-isa", choices=ISA_CAPS, default="native",
-                   help="avx2: kubetrt (and the baseline) run their AVX2 code on this CPU, the peers their best")
+    p.add_argument("--isa", choices=ISA_CAPS, default="native",
+                   help="avx2: kubetrt (and the baseline) and OpenVINO run their AVX2 code on this CPU; onnxruntime has no switch")
     p.add_argument("--worker", nargs=5, metavar=("ENGINE", "MODEL", "BATCH", "PACKAGE", "SAVEDMODEL"), help=argparse.SUPPRESS)
     p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -404,7 +434,8 @@ def main() -> int:
         engines.append(BASELINE)
     _progress("measuring fp32 matmul peak")
     peak = spawn(["--peak"])["gflops"]
-    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, isa_cap_env(a.kubetrt_isa))
+    envs = {e: isa_cap_env(a.isa) for e in KUBETRT_ENGINES} | {"openvino": onednn_cap_env(a.isa)}
+    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, envs)
 
     from kubetrt.runtime.kernels import blas, onednn
 
@@ -418,11 +449,11 @@ def main() -> int:
                 sources.setdefault(e, r["source"])
         print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
     print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}")
-    tag = cpu_tag(f"kubetrt at {a.kubetrt_isa}" if a.kubetrt_isa != "native" else "")
-    if a.kubetrt_isa != "native":
-        isas = sorted({r["isa"] for (e, _, _), r in results.items() if e in KUBETRT_ENGINES and r.get("isa")})
-        print(f"kubetrt capped at {a.kubetrt_isa.upper()} (oneDNN dispatched {', '.join(isas) or 'unknown'}; its own "
-              f"kernels, oneMKL and NumPy at {a.kubetrt_isa.upper()}); onnxruntime and OpenVINO at this CPU's own ISA")
+    tag = cpu_tag(f"kubetrt and openvino at {a.isa}" if a.isa != "native" else "")
+    if a.isa != "native":
+        print(f"capped at {a.isa.upper()}: kubetrt (its own kernels, oneMKL and NumPy too) and OpenVINO; "
+              "onnxruntime at this CPU's own ISA (it has no switch)")
+    print("ISA dispatched: " + "; ".join(f"{e} {', '.join(isas)}" for e, isas in dispatched(results).items()))
     print()
     head = f"{'model':<16}{'batch':>6}" + "".join(f"{e:>18}" for e in engines)
     if "kubetrt" in engines:

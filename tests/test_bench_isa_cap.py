@@ -1,6 +1,6 @@
-"""bench/runtime.py --kubetrt-isa avx2: the environment it gives kubetrt's workers really keeps every
-kernel source to AVX2 (oneDNN's dispatch and the blocked layout that follows it, numba's code,
-NumPy's dispatch), on whatever CPU the suite runs."""
+"""bench/runtime.py --isa avx2: the environment it gives kubetrt's workers really keeps every kernel
+source to AVX2 (oneDNN's dispatch and the blocked layout that follows it, numba's code, NumPy's
+dispatch), and the one it gives OpenVINO's keeps its kernels to AVX2, on whatever CPU the suite runs."""
 from __future__ import annotations
 
 import json
@@ -60,3 +60,38 @@ def test_native_is_no_cap() -> None:
 def test_an_unknown_cap_is_named() -> None:
     with pytest.raises(ValueError, match="'sse2'.*native, avx2"):
         machine.isa_cap_env("sse2")
+
+
+OPENVINO_PROBE = """
+import json, sys, numpy as np, onnx, openvino as ov
+from onnx import TensorProto, helper, numpy_helper
+sys.path.insert(0, sys.argv[1])
+from _machine import openvino_isa
+
+w = numpy_helper.from_array(np.random.default_rng(0).random((32, 16, 3, 3), dtype=np.float32), "w")
+graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
+                          "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 28, 28])], [w])
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+core = ov.Core()
+compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+print(json.dumps(openvino_isa(compiled)))
+"""
+
+
+def openvino_isa_under(env: dict[str, str]) -> str:
+    pytest.importorskip("openvino")
+    out = subprocess.run([sys.executable, "-c", OPENVINO_PROBE, str(REPO / "bench")], env={**os.environ, **env},
+                         capture_output=True, text=True, check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_the_avx2_cap_keeps_openvinos_kernels_to_avx2() -> None:
+    assert openvino_isa_under(machine.onednn_cap_env("avx2")) == "avx2"
+    if "avx512f" in machine._cpuinfo()[1]:  # and it is the cap that does it: uncapped, the wider kernels
+        assert openvino_isa_under({}) == "avx512"
+
+
+def test_the_kubetrt_cap_holds_the_openvino_one() -> None:
+    assert machine.onednn_cap_env("avx2").items() <= machine.isa_cap_env("avx2").items()
+    assert machine.onednn_cap_env("native") == {}
