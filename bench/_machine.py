@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections import Counter
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -105,11 +106,14 @@ def onednn_cap_env(cap: str) -> dict[str, str]:
 
 
 def openvino_isa(compiled: Any) -> str:
-    """The widest vector ISA among a compiled OpenVINO model's kernels ('avx512', 'avx2', 'amx',
-    'none' where every kernel is reference or plain C++), read from the implementation names of its
-    runtime graph (brgconv_avx512_1x1_f32, jit_avx2_f32, ...)."""
+    """The vector ISA of a compiled OpenVINO model's kernels, read from the implementation names of
+    its runtime graph (brgconv_avx512_1x1_f32, jit_avx2_f32, ...): the one most of them use, and
+    the others with their counts ('avx2 + avx512 x1': a kernel that ignores the cap); 'none' where
+    every kernel is reference or plain C++."""
     names = [op.get_rt_info()["primitiveType"].astype(str) for op in compiled.get_runtime_model().get_ops()]
-    for isa in ("amx", "avx512", "avx2"):
-        if any(f"_{isa}" in name for name in names):
-            return isa
-    return "none"
+    counts = Counter(next((isa for isa in ("amx", "avx512", "avx2") if f"_{isa}" in name), "") for name in names)
+    counts.pop("", None)
+    if not counts:
+        return "none"
+    (main, _), *others = counts.most_common()
+    return " + ".join([main, *(f"{isa} x{n}" for isa, n in others)])

@@ -1,6 +1,6 @@
 """Where the time goes, per op type: kubetrt's host plan against onnxruntime's and OpenVINO's own profilers.
 
-    python bench/op_profile.py MODEL [--batch N] [--runs R] [--top K]
+    python bench/op_profile.py MODEL [--batch N] [--runs R] [--top K] [--isa avx2]
 
 All three run the package's model.onnx on the same feeds (bench/runtime.py's, OpenVINO compiled
 the same way), each in its own subprocess so one runtime's thread pools never slow another's.
@@ -13,7 +13,7 @@ Per runtime: the plain run time (median, no profiler), the profiled run time and
 (both means over the same R runs, after warm-up); the gap between the last two is the runtime's
 own overhead per run (for kubetrt, the executor's). A profiler costs time per op too: onnxruntime's
 adds microseconds to every node, so on tiny graphs its op times exceed the plain run and only
-their shares compare.
+their shares compare. `--isa avx2` caps kubetrt and OpenVINO at AVX2 as bench/runtime.py does.
 """
 from __future__ import annotations
 
@@ -176,11 +176,12 @@ def worker(runtime: str, package: Path, batch: int, runs: int, top: int) -> dict
     raise ValueError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
 
 
-def spawn(runtime: str, model: str, package: Path, batch: int, runs: int, top: int) -> dict[str, Any]:
+def spawn(runtime: str, model: str, package: Path, batch: int, runs: int, top: int,
+          env: dict[str, str] | None = None) -> dict[str, Any]:
     """One runtime's profile from its own process, or {"error": why} when it could not run the model."""
     args = [model, "--worker", runtime, str(package), "--batch", str(batch), "--runs", str(runs), "--top", str(top)]
     proc = subprocess.run([sys.executable, str(Path(__file__)), *args], capture_output=True, text=True,
-                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+                          env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", **(env or {})))
     lines = proc.stdout.strip().splitlines()
     if lines and lines[-1].startswith("{"):
         result: dict[str, Any] = json.loads(lines[-1])
@@ -220,12 +221,15 @@ def report(runtime: str, p: dict[str, Any], top: int) -> list[str]:
 
 
 def main() -> int:
+    from _machine import ISA_CAPS, isa_cap_env, onednn_cap_env
+
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", help="a zoo model (tests/model_zoo.py), e.g. small_cnn, resnet50")
     p.add_argument("--batch", type=int, default=1)
     p.add_argument("--runs", type=int, default=20, help="profiled runs per runtime, after warm-up")
     p.add_argument("--top", type=int, default=10, help="op types and layers (kernels) shown per runtime")
     p.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=RUNTIMES)
+    p.add_argument("--isa", choices=ISA_CAPS, default="native", help="avx2: kubetrt and OpenVINO run their AVX2 code")
     p.add_argument("--worker", nargs=2, metavar=("RUNTIME", "PACKAGE"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.batch < 1 or a.runs < 1 or a.top < 1:
@@ -247,12 +251,13 @@ def main() -> int:
         p.error(f"no zoo model {a.model!r}; available: {', '.join(z.names)}")
     _progress(f"preparing {a.model}")
     package = z.package(a.model)
+    envs = {"kubetrt": isa_cap_env(a.isa), "openvino": onednn_cap_env(a.isa)}
     profiles = {}
     for runtime in a.runtimes:  # one after another: the machine's cores go to one runtime at a time
         _progress(f"profiling {runtime}")
-        profiles[runtime] = spawn(runtime, a.model, package, a.batch, a.runs, a.top)
+        profiles[runtime] = spawn(runtime, a.model, package, a.batch, a.runs, a.top, envs.get(runtime))
     print(f"\n{a.model} batch {a.batch}: {a.runs} runs per runtime after {WARMUP} warm-up; ms per run, "
-          "op times from each runtime's own profiler")
+          "op times from each runtime's own profiler" + (f"; kubetrt and OpenVINO capped at {a.isa.upper()}" if a.isa != "native" else ""))
     for runtime, prof in profiles.items():
         print()
         print("\n".join(report(runtime, prof, a.top)))
