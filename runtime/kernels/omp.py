@@ -247,17 +247,53 @@ class SteadyChoice(TeamChoice):
     whose team time is bimodal, as a chain in bands beside a busy core (fast in the slices where
     the caller happens to hold its core, slow in the rest), where counting a faster call at once
     would credit the team with its luckiest calls. One stall moves a median no more than one
-    lucky call does."""
+    lucky call does.
 
-    __slots__ = ("last",)
+    Its calls are long (a chain: a whole model's run, milliseconds), so exploring the team every
+    EXPLORE-th call would come seconds apart, and a spell of stalls on a quiet machine (the host's,
+    not a neighbour's) would hold the calls alone, at nearly twice the team's time, for seconds. So
+    while alone it also explores after EXPLORE_SECONDS of calls alone, with up to TRIES recorded
+    team calls (after the unrecorded one that wakes the team): enough to move the median back where
+    the team is fast again, and cut short by a try that loses. Each exploration the team loses
+    doubles the time until the next, up to MAX_EXPLORE_SECONDS, so that beside a real neighbour,
+    where team calls stall, their cost fades; one the team wins starts the count over."""
+
+    __slots__ = ("last", "alone_spent", "explore_after", "exploring")
     SAMPLES = 3
+    EXPLORE_SECONDS, MAX_EXPLORE_SECONDS = 0.05, 2.0
+    TRIES = 2  # a median of SAMPLES = 3 moves with two fresh times
 
     def __init__(self, keeps_apart: bool = True) -> None:
         super().__init__(keeps_apart)
         self.last: tuple[list[float], list[float]] = ([], [])
+        self.alone_spent = 0.0  # seconds of calls alone since the team last ran
+        self.explore_after = self.EXPLORE_SECONDS
+        self.exploring = 0  # team calls still to run in this exploration
+
+    def pick(self) -> bool:
+        if self.exploring:
+            self.exploring -= 1
+            self.calls += 1
+            return False
+        serial = super().pick()
+        if serial and self.alone_spent >= self.explore_after and not STREAM.alone:
+            self.alone_spent = 0.0
+            self.explore_after = min(2 * self.explore_after, self.MAX_EXPLORE_SECONDS)
+            self.exploring, self.waking = self.TRIES, True
+            return False
+        return serial
 
     def _update(self, serial: bool, seconds: float) -> None:
         self.mean[serial] = steady(self.last[serial], seconds, self.SAMPLES)
+        if serial:
+            self.alone_spent += seconds
+            return
+        self.alone_spent = 0.0
+        team, alone = self.mean
+        if self.exploring and alone is not None and self.MARGIN * seconds > alone:
+            self.exploring = 0  # this try lost to one thread already: the rest would stall alike
+        if team is not None and (alone is None or alone >= self.MARGIN * team):  # the team is the way again
+            self.explore_after = self.EXPLORE_SECONDS
 
 
 def steady(last: list[float], seconds: float, samples: int) -> float:

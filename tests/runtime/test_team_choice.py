@@ -141,3 +141,40 @@ def test_a_steady_choice_judges_a_bimodal_team_by_its_usual_calls(monkeypatch: p
     drive(steady, team_s=1e-3, alone_s=1.7e-3, calls=40)
     steady.record(False, 50e-3)  # one stall: the median does not move
     assert steady.mean[0] == pytest.approx(1e-3)
+
+
+@pytest.mark.skipif(not TeamChoice.CAPABLE, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
+def test_a_steady_choice_of_long_calls_takes_the_team_back_soon_after_a_spell_of_stalls(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a chain of milliseconds (a model's run): a spell of stalled team calls sends it alone; once
+    # the spell is over the team must be back within the explorations' time, not EXPLORE calls later
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
+    steady = omp.SteadyChoice()
+    team_s, alone_s = 4e-3, 7e-3
+    drive(steady, team_s=team_s, alone_s=alone_s, calls=20)
+    for _ in range(omp.SteadyChoice.SAMPLES):
+        steady.record(False, 13e-3)  # the spell
+    assert steady.pick(), "stalled team calls: one thread"
+    after = drive(steady, team_s=team_s, alone_s=alone_s, calls=TeamChoice.EXPLORE // 2)
+    first_exploration = int(omp.SteadyChoice.EXPLORE_SECONDS / alone_s) + 2
+    assert not any(after[first_exploration + omp.SteadyChoice.TRIES + 1:]), after
+    assert steady.explore_after == omp.SteadyChoice.EXPLORE_SECONDS, "the team won: the count starts over"
+
+
+@pytest.mark.skipif(not TeamChoice.CAPABLE, reason="one OpenMP thread (or no libgomp): there is nothing to choose")
+def test_a_steady_choice_beside_a_neighbour_explores_less_and_less(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(TeamChoice, "ENABLED", True)
+    steady = omp.SteadyChoice()
+    drive(steady, team_s=4e-3, alone_s=7e-3, calls=20)
+    alone_s, calls = 7e-3, 1200  # 8.4 s alone
+    picks = drive(steady, team_s=15e-3, alone_s=alone_s, calls=calls)  # a neighbour holds a core
+    team_calls = [i for i, alone in enumerate(picks) if not alone]
+    # explorations after 0.05, 0.1, 0.2, ... s alone, MAX_EXPLORE_SECONDS apart at most, and the
+    # calls' own every EXPLORE-th: each a team call that wakes the team and one try that loses
+    doublings = 0
+    while omp.SteadyChoice.EXPLORE_SECONDS * 2 ** doublings < omp.SteadyChoice.MAX_EXPLORE_SECONDS:
+        doublings += 1
+    explorations = doublings + 1 + int(calls * alone_s / omp.SteadyChoice.MAX_EXPLORE_SECONDS) + calls // TeamChoice.EXPLORE + 1
+    assert len(team_calls) <= explorations * 2, team_calls
+    assert sum(picks[-TeamChoice.EXPLORE:]) >= TeamChoice.EXPLORE - 2 * (1 + omp.SteadyChoice.TRIES), "one thread, mostly"
+    gaps = [b - a for a, b in zip(team_calls, team_calls[1:]) if b - a > 1]
+    assert gaps[:3] == sorted(gaps[:3]), f"explorations come further apart: {gaps}"
