@@ -18,7 +18,7 @@ the speed), beside kubetrt fp32, onnxruntime fp32 and TensorFlow fp32.
 oneDNN, numba, oneMKL and NumPy capped) and OpenVINO's (onednn_cap_env: its plugin dispatches through
 the oneDNN it carries); onnxruntime has no such switch and keeps the CPU's own kernels. A check of
 the AVX2 code where no AVX2-only machine is at hand: OpenVINO as such a machine runs it,
-onnxruntime a higher bar than it sets. Each cell's line says which ISA each runtime dispatched.
+onnxruntime a higher bar than it sets. The report says which ISA each runtime dispatched.
 
 `--baseline DIR` adds another checkout of kubetrt (e.g. `git worktree add DIR main`) as one more
 engine, `baseline`, taking turns with the others in the same run: a change's before and after,
@@ -128,8 +128,7 @@ class OpenVINORun:
         return self.request.infer(feeds, share_inputs=True)
 
     def isa(self) -> str:
-        sys.path.insert(0, str(HERE))
-        from _machine import openvino_isa
+        from _machine import openvino_isa  # bench/ is on the path: main() put it there
 
         return openvino_isa(self.request.get_compiled_model())
 
