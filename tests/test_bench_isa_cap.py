@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import file_modules
@@ -63,35 +64,43 @@ def test_an_unknown_cap_is_named() -> None:
 
 
 OPENVINO_PROBE = """
-import json, sys, numpy as np, onnx, openvino as ov
-from onnx import TensorProto, helper, numpy_helper
+import json, sys, openvino as ov
 sys.path.insert(0, sys.argv[1])
 from _machine import openvino_isa
 
-w = numpy_helper.from_array(np.random.default_rng(0).random((32, 16, 3, 3), dtype=np.float32), "w")
-graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), helper.make_node("Relu", ["c"], ["y"])],
-                          "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 16, 28, 28])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 32, 28, 28])], [w])
-model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 core = ov.Core()
-compiled = core.compile_model(core.read_model(model.SerializeToString(), b""), "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
-print(json.dumps(openvino_isa(compiled)))
+print(json.dumps(openvino_isa(core.compile_model(core.read_model(sys.argv[2]), "CPU", {"INFERENCE_PRECISION_HINT": "f32"}))))
 """
 
 
-def openvino_isa_under(env: dict[str, str]) -> str:
+@pytest.fixture(scope="module")
+def conv_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A 3x3 convolution and ReLU, as a file OpenVINO reads."""
+    sys.path.insert(0, str(REPO / "tests" / "runtime"))
+    from onnx_cases import make_model, node
+
+    rng = np.random.default_rng(0)
+    model = make_model([node("Conv", ["x", "w"], ["c"], pads=[1, 1, 1, 1]), node("Relu", ["c"], ["y"])],
+                       {"x": np.zeros((1, 16, 28, 28), np.float32)}, ["y"], {"w": rng.random((32, 16, 3, 3), np.float32)})
+    path = tmp_path_factory.mktemp("openvino") / "conv.onnx"
+    path.write_bytes(model.SerializeToString())
+    return path
+
+
+def openvino_isa_under(env: dict[str, str], model: Path) -> str:
     pytest.importorskip("openvino")
-    out = subprocess.run([sys.executable, "-c", OPENVINO_PROBE, str(REPO / "bench")], env={**os.environ, **env},
+    out = subprocess.run([sys.executable, "-c", OPENVINO_PROBE, str(REPO / "bench"), str(model)], env={**os.environ, **env},
                          capture_output=True, text=True, check=True, timeout=300)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def test_the_avx2_cap_keeps_openvinos_kernels_to_avx2() -> None:
-    assert openvino_isa_under(machine.onednn_cap_env("avx2")) == "avx2"
+def test_the_avx2_cap_keeps_openvinos_kernels_to_avx2(conv_model: Path) -> None:
+    assert openvino_isa_under(machine.onednn_cap_env("avx2"), conv_model) == "avx2"
     if "avx512f" in machine._cpuinfo()[1]:  # and it is the cap that does it: uncapped, the wider kernels
-        assert openvino_isa_under({}) == "avx512"
+        assert openvino_isa_under({}, conv_model) == "avx512"
 
 
 def test_the_kubetrt_cap_holds_the_openvino_one() -> None:
     assert machine.onednn_cap_env("avx2").items() <= machine.isa_cap_env("avx2").items()
     assert machine.onednn_cap_env("native") == {}
+
