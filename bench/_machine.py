@@ -105,6 +105,14 @@ def onednn_cap_env(cap: str) -> dict[str, str]:
     return {"ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+def cap_envs(cap: str, kubetrt: tuple[str, ...] = ("kubetrt",)) -> dict[str, dict[str, str]]:
+    """Per runtime a bench runs (`kubetrt`: the names its kubetrt workers go by), the environment
+    that keeps it to `cap`: kubetrt's whole (isa_cap_env), OpenVINO's oneDNN (onednn_cap_env);
+    onnxruntime and the rest have none."""
+    mine = isa_cap_env(cap)
+    return {name: mine for name in kubetrt} | {"openvino": onednn_cap_env(cap)}
+
+
 def openvino_isa(compiled: Any) -> str:
     """The vector ISA of a compiled OpenVINO model's kernels, read from the implementation names of
     its runtime graph (brgconv_avx512_1x1_f32, jit_avx2_f32, ...): the one most of them use, and

@@ -221,7 +221,7 @@ def report(runtime: str, p: dict[str, Any], top: int) -> list[str]:
 
 
 def main() -> int:
-    from _machine import ISA_CAPS, isa_cap_env, onednn_cap_env
+    from _machine import ISA_CAPS, cap_envs
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("model", help="a zoo model (tests/model_zoo.py), e.g. small_cnn, resnet50")
@@ -251,7 +251,7 @@ def main() -> int:
         p.error(f"no zoo model {a.model!r}; available: {', '.join(z.names)}")
     _progress(f"preparing {a.model}")
     package = z.package(a.model)
-    envs = {"kubetrt": isa_cap_env(a.isa), "openvino": onednn_cap_env(a.isa)}
+    envs = cap_envs(a.isa)
     profiles = {}
     for runtime in a.runtimes:  # one after another: the machine's cores go to one runtime at a time
         _progress(f"profiling {runtime}")

@@ -52,7 +52,7 @@ ENGINES = ("kubetrt", "tensorflow", "onnxruntime", "openvino")
 PEERS = ("onnxruntime", "openvino")  # the CPU runtimes kubetrt is held to (best-peer/kubetrt)
 INT8_ENGINES = ("kubetrt-int8", "onnxruntime-int8")
 BASELINE = "baseline"
-KUBETRT_ENGINES = ("kubetrt", "kubetrt-int8", BASELINE)  # the workers isa_cap_env applies to (OpenVINO: onednn_cap_env)
+KUBETRT_ENGINES = ("kubetrt", "kubetrt-int8", BASELINE)  # the workers that run kubetrt (what an ISA cap applies to)
 CALIBRATION_SAMPLES = 8
 MODELS = ("mlp", "small_cnn", "mobilenet_v2", "resnet50", "efficientnet_b0", "transformer")
 # Models no kernel or heuristic was tuned on, measured to show a gain carries over (--models all)
@@ -323,7 +323,7 @@ def measure(models: list[str], engines: list[str], paths: dict[str, tuple[Path, 
     """Per cell, the median of the rounds' medians, engines taking turns round by round so a noisy
     spell hits all of them alike; and, per failed cell, its reason (a failed engine sits out the
     cell's later rounds: what failed to build once fails again). `envs` holds each engine's
-    own environment, where it has one: an ISA cap (_machine.isa_cap_env, onednn_cap_env)."""
+    own environment, where it has one: an ISA cap (_machine.cap_envs)."""
     results: dict[tuple[str, str, int], dict[str, Any]] = {}
     failures: dict[tuple[str, str, int], str] = {}
     for m in models:
@@ -378,7 +378,7 @@ def best_peer_lines(times: dict[tuple[str, str, int], float], models: list[str],
 
 def main() -> int:
     sys.path.insert(0, str(HERE))
-    from _machine import ISA_CAPS, cpu_line, cpu_tag, isa_cap_env, onednn_cap_env
+    from _machine import ISA_CAPS, cap_envs, cpu_line, cpu_tag
 
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS + UNTUNED + ("all",),
@@ -433,8 +433,7 @@ def main() -> int:
         engines.append(BASELINE)
     _progress("measuring fp32 matmul peak")
     peak = spawn(["--peak"])["gflops"]
-    envs = {e: isa_cap_env(a.isa) for e in KUBETRT_ENGINES} | {"openvino": onednn_cap_env(a.isa)}
-    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, envs)
+    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, cap_envs(a.isa, KUBETRT_ENGINES))
 
     from kubetrt.runtime.kernels import blas, onednn
 

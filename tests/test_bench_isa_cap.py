@@ -104,3 +104,10 @@ def test_the_kubetrt_cap_holds_the_openvino_one() -> None:
     assert machine.onednn_cap_env("avx2").items() <= machine.isa_cap_env("avx2").items()
     assert machine.onednn_cap_env("native") == {}
 
+
+def test_each_runtime_gets_its_own_cap() -> None:
+    envs = machine.cap_envs("avx2", ("kubetrt", "baseline"))
+    assert envs["kubetrt"] == envs["baseline"] == machine.isa_cap_env("avx2")
+    assert envs["openvino"] == machine.onednn_cap_env("avx2")
+    assert "onnxruntime" not in envs  # no switch: it runs at the CPU's own ISA
+    assert all(env == {} for env in machine.cap_envs("native").values())
