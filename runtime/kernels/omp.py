@@ -12,10 +12,10 @@ when it loads below, and only where the operator has not set it. OMP_NUM_THREADS
 Where its workers run is the scheduler's choice, and it can choose badly: beside a busy core it
 wakes a sleeping worker on the caller's own CPU, where the two take turns and a team call takes
 longer than one thread would. So the runtime's own team kernels check where their members are on
-every call, and teams that only oneDNN starts every few calls: a member on the caller's CPU moves
-off it (apart). The caller itself is never moved. One slot holds the caller's CPU for the process:
-with several calling threads, members keep off whichever called last. KUBETRT_TEAM_PLACEMENT=free
-leaves them be.
+every call, and teams that only oneDNN starts every few calls and whenever the caller has moved to
+another CPU: a member on the caller's CPU moves off it (apart). The caller itself is never moved.
+One slot holds the caller's CPU for the process: with several calling threads, members keep off
+whichever called last. KUBETRT_TEAM_PLACEMENT=free leaves them be.
 """
 from __future__ import annotations
 
@@ -140,6 +140,17 @@ def keep_apart() -> None:
         _check_apart(PARALLEL, jit.entry_address(_apart_member), PLACE, TEAM)
 
 
+_sched_getcpu = ctypes.CFUNCTYPE(ctypes.c_int)(int(PLACEMENT[_GETCPU])) if KEEP_APART else None
+
+
+def caller_moved() -> bool:
+    """Whether this thread now runs on another CPU than the one the last placement check noted.
+    A caller that sleeps between calls (a server's run thread between requests) wakes on either
+    CPU, and may wake on the one its member was moved to: until the next check the two take turns
+    on it. One call into libc, yet not free: asked only before calls long enough to be timed."""
+    return _sched_getcpu is not None and _sched_getcpu() != PLACEMENT[_CALLER_CPU]
+
+
 def adaptive_teams(env: Any) -> bool:
     """Whether calls may run on a team of one when that is faster (TeamChoice): `adaptive`
     (the default), or `static` to always run the OpenMP team."""
@@ -174,7 +185,7 @@ class TeamChoice:
     # A stricter margin kept some processes beside a busy core on a team stalling at 1.5x one thread.
     MARGIN = 0.8
     MIN_TEAM_SECONDS = 100e-6  # shorter calls keep the team: their timings are mostly noise
-    APART_EVERY = 8  # team calls per placement check (keep_apart): a misplaced worker stays misplaced
+    APART_EVERY = 8  # team calls per placement check (keep_apart), besides one whenever the caller moved CPU
     SAMPLE = 8  # a short call on the team (MIN_TEAM_SECONDS) is timed once in this many
     CAPABLE = AVAILABLE and TEAM > 1
     ENABLED = CAPABLE and adaptive_teams(os.environ)
@@ -209,7 +220,7 @@ class TeamChoice:
             phase = self.calls % self.EXPLORE
             serial = faster and phase > 1 or not faster and phase == 0
             self.waking = faster and phase == 0
-        if not serial and self.keeps_apart and self.calls % self.APART_EVERY == 0:
+        if not serial and self.keeps_apart and (self.calls % self.APART_EVERY == 0 or caller_moved()):
             keep_apart()
         return serial
 

@@ -1,8 +1,8 @@
 """A team member the scheduler put on the calling thread's CPU moves off it; the caller stays put.
 
-Each case runs in a child process: it pins the caller and every other thread to one CPU (the
-worst placement, where the two take turns on one core), makes a team call, and reports where each
-thread may run afterwards."""
+Each case runs in a child process: it pins the caller and its team's members to one CPU (the
+worst placement, where the two take turns on one core; for a caller that moved, the CPU it moved
+to), makes a team call, and reports where each thread may run afterwards."""
 from __future__ import annotations
 
 import json
@@ -43,6 +43,26 @@ CHILD = textwrap.dedent("""
     print(json.dumps({"cpu": cpu, "allowed": sorted(allowed), "caller": masks.pop(me), "others": list(masks.values())}))
 """)
 
+MOVED_CHILD = textwrap.dedent("""
+    import json, os, threading
+    from kubetrt.runtime.kernels import omp
+
+    allowed = sorted(os.sched_getaffinity(0))
+    first, second = allowed[0], allowed[1]
+    me = threading.get_native_id()
+    os.sched_setaffinity(me, {first})
+    before = set(os.listdir("/proc/self/task"))
+    omp.keep_apart()  # the team's workers start, and the check notes the caller on its first CPU
+    workers = [int(t) for t in set(os.listdir("/proc/self/task")) - before]
+    os.sched_setaffinity(me, {second})  # the caller wakes on the other CPU, where its workers were put
+    for tid in workers:
+        os.sched_setaffinity(tid, {second})
+    choice = omp.TeamChoice()
+    serial = choice.pick()  # the first of APART_EVERY calls: no periodic check due
+    print(json.dumps({"second": second, "serial": serial, "calls": choice.calls,
+                      "workers": [sorted(os.sched_getaffinity(t)) for t in workers]}))
+""")
+
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not omp.KEEP_APART,
                               reason="one CPU (or no OpenMP team): no member can share the caller's")
 
@@ -64,6 +84,16 @@ def test_a_member_on_the_callers_cpu_moves_off_it(how: str) -> None:
 
 
 @TWO_CPUS
+def test_a_caller_that_moved_cpu_moves_its_members_off_the_new_one_on_its_next_team_call() -> None:
+    run = subprocess.run([sys.executable, "-c", MOVED_CHILD], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    got = json.loads(run.stdout.strip().splitlines()[-1])
+    assert not got["serial"] and got["calls"] % TeamChoice.APART_EVERY != 0, got
+    assert got["workers"] and all(got["second"] not in mask for mask in got["workers"]), got
+
+
+@TWO_CPUS
 def test_free_placement_leaves_members_where_the_scheduler_put_them() -> None:
     got = placed("keep_apart", KUBETRT_TEAM_PLACEMENT="free")
     assert all(mask == [got["cpu"]] for mask in got["others"]), got
@@ -80,6 +110,7 @@ def test_placement_is_apart_by_default_free_on_request_and_a_bad_value_is_named(
 def test_onednn_teams_check_placement_every_few_calls_and_own_kernels_not_at_all(monkeypatch: pytest.MonkeyPatch) -> None:
     checks: list[int] = []
     monkeypatch.setattr(omp, "keep_apart", lambda: checks.append(1))
+    monkeypatch.setattr(omp, "caller_moved", lambda: False)  # a caller that stays on its CPU
     monkeypatch.setattr(TeamChoice, "ENABLED", False)  # every call runs on the team
     calls = 4 * TeamChoice.APART_EVERY
     for keeps_apart, want in ((True, 4), (False, 0)):
