@@ -48,7 +48,7 @@ def decode_infer_request(
     else:
         header, binary = body, memoryview(b"")
     try:
-        doc = json_arrays.loads(header)
+        doc = json_arrays.loads_request(header)
     except (ValueError, UnicodeDecodeError) as e:
         raise BadRequest(f"malformed JSON in the request body: {e}") from None
     if not isinstance(doc, dict):

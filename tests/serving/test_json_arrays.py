@@ -118,10 +118,20 @@ def test_long_arrays_stay_lazy_and_short_ones_python_values():
     assert doc["shape"] == [1, 2, 3] and doc["s"] == "[1,2,3]" and isinstance(doc["data"], ja.LazyArray)
 
 
+def test_a_small_request_reads_as_python_values_a_large_one_keeps_its_long_arrays_lazy():
+    small = json.dumps({"inputs": [{"name": "x", "data": list(range(100))}]}).encode()
+    large = json.dumps({"inputs": [{"name": "x", "data": list(range(1000))}]}).encode()
+    assert len(small) < ja.SMALL_DOCUMENT <= len(large)
+    assert ja.loads_request(small) == json.loads(small)
+    data = ja.loads_request(large)["inputs"][0]["data"]
+    assert isinstance(data, ja.LazyArray) and data.to_list() == list(range(1000))
+
+
+@pytest.mark.parametrize("loads", [ja.loads, ja.loads_request])
 @pytest.mark.parametrize("body", [b'{"inputs": [1,2,]}', b'{"a": ', b'{"a": 01}'])
-def test_malformed_bodies_raise_a_readable_error(body):
+def test_malformed_bodies_raise_a_readable_error(loads, body):
     with pytest.raises(ValueError):
-        ja.loads(body)
+        loads(body)
 
 
 def test_what_simdjson_refuses_python_reads_as_before():
