@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import threading
 import time
 from typing import Any, Callable
 
@@ -134,21 +135,24 @@ if jit.numba is not None:
         jit.c_call4(parallel, entry, place_at, threads, np.int64(0))
 
 
+_sched_getcpu = ctypes.CFUNCTYPE(ctypes.c_int)(int(PLACEMENT[_GETCPU])) if KEEP_APART else None
+_checked = threading.local()  # `cpu`: where this thread ran at its last placement check
+
+
 def keep_apart() -> None:
     """A team call that does nothing but apart(): for teams that only oneDNN's primitives start."""
-    if PLACE:
+    if PLACE and _sched_getcpu is not None:
+        _checked.cpu = _sched_getcpu()
         _check_apart(PARALLEL, jit.entry_address(_apart_member), PLACE, TEAM)
 
 
-_sched_getcpu = ctypes.CFUNCTYPE(ctypes.c_int)(int(PLACEMENT[_GETCPU])) if KEEP_APART else None
-
-
 def caller_moved() -> bool:
-    """Whether this thread now runs on another CPU than the one the last placement check noted.
-    A caller that sleeps between calls (a server's run thread between requests) wakes on either
-    CPU, and may wake on the one its member was moved to: until the next check the two take turns
-    on it. One call into libc, yet not free: asked only before calls long enough to be timed."""
-    return _sched_getcpu is not None and _sched_getcpu() != PLACEMENT[_CALLER_CPU]
+    """Whether this thread now runs on another CPU than at its last placement check (or has had
+    none). A caller that sleeps between calls (a server's run thread between requests) wakes on
+    either CPU, and may wake on the one its member was moved to: until the next check the two take
+    turns on it. Per thread, so that two threads calling at once do not take each other's checks
+    for moves. One call into libc, yet not free: asked only before calls long enough to be timed."""
+    return _sched_getcpu is not None and _sched_getcpu() != getattr(_checked, "cpu", -1)
 
 
 def adaptive_teams(env: Any) -> bool:

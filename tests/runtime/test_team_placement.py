@@ -63,6 +63,27 @@ MOVED_CHILD = textwrap.dedent("""
                       "workers": [sorted(os.sched_getaffinity(t)) for t in workers]}))
 """)
 
+TWO_CALLERS_CHILD = textwrap.dedent("""
+    import json, os, threading
+    from kubetrt.runtime.kernels import omp
+
+    both_checked = threading.Barrier(2)
+    moved = {}
+
+    def caller(cpu):
+        os.sched_setaffinity(threading.get_native_id(), {cpu})
+        omp.keep_apart()
+        both_checked.wait()  # the process's one placement slot now holds whichever checked last
+        moved[cpu] = bool(omp.caller_moved())
+
+    threads = [threading.Thread(target=caller, args=(cpu,)) for cpu in sorted(os.sched_getaffinity(0))[:2]]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    print(json.dumps(moved))
+""")
+
 TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not omp.KEEP_APART,
                               reason="one CPU (or no OpenMP team): no member can share the caller's")
 
@@ -91,6 +112,15 @@ def test_a_caller_that_moved_cpu_moves_its_members_off_the_new_one_on_its_next_t
     got = json.loads(run.stdout.strip().splitlines()[-1])
     assert not got["serial"] and got["calls"] % TeamChoice.APART_EVERY != 0, got
     assert got["workers"] and all(got["second"] not in mask for mask in got["workers"]), got
+
+
+@TWO_CPUS
+def test_two_callers_on_their_own_cpus_are_not_taken_for_moved_ones() -> None:
+    run = subprocess.run([sys.executable, "-c", TWO_CALLERS_CHILD], capture_output=True, text=True, timeout=300,
+                         env={**os.environ, "OMP_NUM_THREADS": "2"})
+    assert run.returncode == 0, run.stderr[-3000:]
+    moved = json.loads(run.stdout.strip().splitlines()[-1])
+    assert len(moved) == 2 and not any(moved.values()), moved
 
 
 @TWO_CPUS
