@@ -88,11 +88,16 @@ TWO_CPUS = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2 or not omp.KEEP_A
                               reason="one CPU (or no OpenMP team): no member can share the caller's")
 
 
-def placed(how: str, **env: str) -> dict:
-    run = subprocess.run([sys.executable, "-c", CHILD, how], capture_output=True, text=True, timeout=300,
+def child(code: str, *args: str, **env: str) -> dict:
+    """What the child process running `code` printed last, as JSON."""
+    run = subprocess.run([sys.executable, "-c", code, *args], capture_output=True, text=True, timeout=300,
                          env={**os.environ, "OMP_NUM_THREADS": "2", **env})
     assert run.returncode == 0, run.stderr[-3000:]
     return json.loads(run.stdout.strip().splitlines()[-1])
+
+
+def placed(how: str, **env: str) -> dict:
+    return child(CHILD, how, **env)
 
 
 @TWO_CPUS
@@ -106,20 +111,14 @@ def test_a_member_on_the_callers_cpu_moves_off_it(how: str) -> None:
 
 @TWO_CPUS
 def test_a_caller_that_moved_cpu_moves_its_members_off_the_new_one_on_its_next_team_call() -> None:
-    run = subprocess.run([sys.executable, "-c", MOVED_CHILD], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    got = json.loads(run.stdout.strip().splitlines()[-1])
+    got = child(MOVED_CHILD)
     assert not got["serial"] and got["calls"] % TeamChoice.APART_EVERY != 0, got
     assert got["workers"] and all(got["second"] not in mask for mask in got["workers"]), got
 
 
 @TWO_CPUS
 def test_two_callers_on_their_own_cpus_are_not_taken_for_moved_ones() -> None:
-    run = subprocess.run([sys.executable, "-c", TWO_CALLERS_CHILD], capture_output=True, text=True, timeout=300,
-                         env={**os.environ, "OMP_NUM_THREADS": "2"})
-    assert run.returncode == 0, run.stderr[-3000:]
-    moved = json.loads(run.stdout.strip().splitlines()[-1])
+    moved = child(TWO_CALLERS_CHILD)
     assert len(moved) == 2 and not any(moved.values()), moved
 
 
