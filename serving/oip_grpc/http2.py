@@ -92,6 +92,10 @@ class _Stream:
     unacked: int = 0  # bytes read since the stream's last WINDOW_UPDATE
 
 
+def _frame_too_long(length: int) -> _ConnectionError:
+    return _ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes, past the {RECEIVE_FRAME_LIMIT} this server announced")
+
+
 def _unpadded(flags: int, payload: memoryview, what: str) -> memoryview:
     if not flags & PADDED:
         return payload
@@ -145,50 +149,83 @@ class GrpcConnection(asyncio.Protocol):
         self.streams.clear()
 
     def data_received(self, data: bytes) -> None:
+        """Frames are read in place from `data`: only a frame cut by the read's end is copied aside,
+        and the next read copies into it only the bytes that frame lacks (a large message arrives as
+        reads of hundreds of KB, and copying each whole behind a partial frame cost a copy of the message)."""
         if self.shut:
             return
-        buf = self.buffer
-        buf += data
-        if not self.preface:
-            if not (PREFACE.startswith(bytes(buf)) if len(buf) < len(PREFACE) else buf.startswith(PREFACE)):
-                self._close_with(PROTOCOL_ERROR, "expected the HTTP/2 connection preface (gRPC over h2c)")
-                return
-            if len(buf) < len(PREFACE):
-                return
-            del buf[:len(PREFACE)]
-            self.preface = True
-        view = memoryview(buf)
-        at, end = 0, len(buf)
         try:
-            while end - at >= 9 and not self.shut:  # past the end, what the client sent is dropped
-                word, flags, stream = _FRAME_HEADER.unpack_from(view, at)
-                length, kind = word >> 8, word & 0xFF
-                if length > RECEIVE_FRAME_LIMIT:
-                    raise _ConnectionError(FRAME_SIZE_ERROR, f"a frame of {length} bytes, past the {RECEIVE_FRAME_LIMIT} "
-                                                             "this server announced")
-                if end - at < 9 + length:
-                    break
-                sid = stream & 0x7FFFFFFF
-                try:
-                    self._frame(kind, flags, sid, view[at + 9:at + 9 + length])
-                except _StreamError as e:
-                    self._reset(sid, e.code)
-                at += 9 + length
+            rest = self._complete_buffered(memoryview(data)) if not self.preface or self.buffer else memoryview(data)
+            if rest is not None:
+                at = self._frames(rest)
+                if at < len(rest) and not self.shut:
+                    self.buffer += rest[at:]
         except _ConnectionError as e:
-            view.release()
             self._close_with(e.code, str(e))
             return
         except Exception as e:  # a bug here must cost one connection, not the loop's other work
-            view.release()
             log(logger, logging.ERROR, "gRPC connection failed", error=repr(e))
             self._close_with(INTERNAL_ERROR, f"the server failed: {type(e).__name__}")
             return
-        view.release()
-        del buf[:at]
         if self.unacked >= RECEIVE_WINDOW // 2:
             self._write(frame(WINDOW_UPDATE, 0, 0, _WORD.pack(self.unacked)))
             self.receive_window += self.unacked
             self.unacked = 0
+
+    def _complete_buffered(self, view: memoryview) -> memoryview | None:
+        """Move into the buffer what the preface, or the frame the last read cut, lacks; read that
+        frame -> the rest of `view`, or None where the buffer still waits for more."""
+        buf = self.buffer
+        if not self.preface:
+            view = self._top_up(view, len(PREFACE))
+            if not PREFACE.startswith(bytes(buf)):
+                raise _ConnectionError(PROTOCOL_ERROR, "expected the HTTP/2 connection preface (gRPC over h2c)")
+            if len(buf) < len(PREFACE):
+                return None
+            buf.clear()
+            self.preface = True
+            return view
+        view = self._top_up(view, 9)
+        if len(buf) < 9:
+            return None
+        length = _FRAME_HEADER.unpack_from(buf)[0] >> 8
+        if length > RECEIVE_FRAME_LIMIT:
+            raise _frame_too_long(length)
+        view = self._top_up(view, 9 + length)
+        if len(buf) < 9 + length:
+            return None
+        whole = memoryview(buf)
+        try:
+            self._frames(whole)
+        finally:
+            whole.release()
+        buf.clear()
+        return view
+
+    def _top_up(self, view: memoryview, size: int) -> memoryview:
+        """Copy from `view` into the buffer up to `size` bytes there -> the rest of `view`."""
+        take = max(0, size - len(self.buffer))
+        self.buffer += view[:take]
+        return view[take:]
+
+    def _frames(self, view: memoryview) -> int:
+        """Read the whole frames at the start of `view` -> the bytes they took. Past the connection's
+        end (shut), what the client still sends is dropped."""
+        at, end = 0, len(view)
+        while end - at >= 9 and not self.shut:
+            word, flags, stream = _FRAME_HEADER.unpack_from(view, at)
+            length, kind = word >> 8, word & 0xFF
+            if length > RECEIVE_FRAME_LIMIT:
+                raise _frame_too_long(length)
+            if end - at < 9 + length:
+                break
+            sid = stream & 0x7FFFFFFF
+            try:
+                self._frame(kind, flags, sid, view[at + 9:at + 9 + length])
+            except _StreamError as e:
+                self._reset(sid, e.code)
+            at += 9 + length
+        return at if not self.shut else end
 
     # --- frames
     def _frame(self, kind: int, flags: int, sid: int, payload: memoryview) -> None:

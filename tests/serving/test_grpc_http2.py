@@ -298,6 +298,39 @@ def test_answers_wait_for_the_clients_window(served):
     assert trailers == [(b"grpc-status", b"0")]
 
 
+@pytest.mark.parametrize("pieces", [[1, 3, 9, 2, 7, 16_400, 40_000], [24, 9, 5, 4, 16_393, 1, 33_000, 8], [70_000]])
+def test_reads_cut_anywhere_in_a_frame_give_the_same_calls(served, pieces):
+    """The client's bytes arrive in reads cut inside the preface, inside a frame's 9-byte header, at
+    its end, inside a payload and across several frames: each call's message is read whole.
+    (Sent a piece at a time with pauses, so that the server reads each on its own.)"""
+    block = hpack.Encoder().encode([(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/test.Test/echo"),
+                                    (b":authority", b"x"), (b"content-type", b"application/grpc"), (b"te", b"trailers")])
+    rng = random.Random(5)
+    messages = {sid: rng.randbytes(size) for sid, size in ((1, 40_000), (3, 9_000))}
+    wire = [http2.PREFACE, http2.frame(http2.SETTINGS, 0, 0)]
+    for sid, payload in messages.items():
+        body = b"\x00" + len(payload).to_bytes(4, "big") + payload
+        wire.append(http2.frame(http2.HEADERS, http2.END_HEADERS, sid, block))
+        for at in range(0, len(body), http2.DEFAULT_FRAME):
+            last = at + http2.DEFAULT_FRAME >= len(body)
+            wire.append(http2.frame(http2.DATA, http2.END_STREAM if last else 0, sid, body[at:at + http2.DEFAULT_FRAME]))
+        wire.append(http2.frame(http2.PING, 0, 0, b"between!"))
+    data = b"".join(wire)
+    with socket.create_connection(("127.0.0.1", served.port), timeout=10) as s:
+        s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        at, i = 0, 0
+        while at < len(data):
+            s.sendall(data[at:at + pieces[i % len(pieces)]])
+            at += pieces[i % len(pieces)]
+            i += 1
+            time.sleep(0.002)
+        frames = _read_frames(s, lambda fs: sum(k == http2.HEADERS and f & http2.END_STREAM for k, f, _, _ in fs) == 2)
+    for sid, payload in messages.items():
+        answer = b"".join(p for k, _, f_sid, p in frames if k == http2.DATA and f_sid == sid)
+        assert answer == b"\x00" + len(payload).to_bytes(4, "big") + payload, f"stream {sid}"
+    assert [p for k, f, _, p in frames if k == http2.PING] == [b"between!"] * 2
+
+
 def test_h2spec_finds_every_case_of_rfc_9113_and_7541_answered_as_they_ask(served):
     """h2spec's 145 cases: frame and stream errors, flow control, settings, header rules, HPACK.
     (Its requests are no gRPC calls; they are answered 415 with a body, which its cases read.)"""
