@@ -4,7 +4,7 @@ model.onnx, driven by external load generators.
     bench/peers/setup.sh                       # once: the peers' venvs, wrk and ghz (see there)
     python bench/serving.py [--models small_cnn mobilenet_v2] [--protocols json,binary,grpc]
                             [--clients 1,16,64] [--seconds 10] [--warmup 3]
-                            [--servers kubetrt,mlserver,kserve,triton]
+                            [--servers kubetrt,mlserver,kserve,triton] [--rounds 1]
 
 Servers (each in its own venv under ~/.cache/kubetrt-bench/peers; one up at a time):
 - kubetrt: `kubetrt serve PACKAGE --port P [--grpc-port G]` on the test zoo's package, at its
@@ -32,7 +32,11 @@ REST load comes from wrk (one thread, N connections, a Lua script POSTing the bo
 statuses), gRPC load from ghz (N workers on N connections, one CPU, the request message
 binary-encoded). Each cell is a warm-up run, then a measured run of --seconds; after each run one
 more request is awaited, so that the next starts on an idle server (a load generator that stops
-leaves its last requests in flight). Latency percentiles are the load generator's: wrk's over
+leaves its last requests in flight). With --rounds N every server takes its turn N times, the
+servers alternating (the engine measured again before each round, its least kept), and each cell
+prints the median of its rounds' req/s, p50 and p99 and the sum of their counts: on a shared
+machine a noisy spell then lands in one round of one server, not in all of its cells. Latency
+percentiles are the load generator's: wrk's over
 every answered request (503s included), ghz's over the OK ones; nan where nothing was answered
 within the run. Non-2xx (503s and RESOURCE_EXHAUSTED apart), socket errors and timeouts are
 counted separately, and req/s counts only 2xx/OK answers. Before a server's cells, each
@@ -53,6 +57,7 @@ import resource
 import shutil
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -393,6 +398,27 @@ class Cell:
     client_cpu_ms: float = float("nan")  # the load generator's CPU time per answered request (same cores)
 
 
+TIMINGS = ("rps", "p50_ms", "p99_ms", "in_server_ms", "compute_ms", "client_cpu_ms")
+COUNTS = ("ok", "non2xx", "unavailable", "errors", "timeouts")
+
+
+def combine_rounds(rounds: list[Cell]) -> Cell:
+    """One cell from its rounds: the median of each timing (a noisy spell of the machine lands in
+    one server's turn, not in every round of it), the sum of each count; not measured where any
+    round was not (that round's reason)."""
+    first = rounds[0]
+    out = Cell(first.server, first.model, first.protocol, first.clients,
+               missing=next((c.missing for c in rounds if c.missing), ""))
+    if out.missing:
+        return out
+    for name in TIMINGS:
+        values = [v for v in (getattr(c, name) for c in rounds) if v == v]  # nan: not known that round
+        setattr(out, name, statistics.median(values) if values else float("nan"))
+    for name in COUNTS:
+        setattr(out, name, sum(getattr(c, name) for c in rounds))
+    return out
+
+
 def children_cpu_s() -> float:
     """CPU seconds (user + system) of this process's waited-for children: the load generators."""
     usage = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -692,6 +718,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per cell")
     p.add_argument("--warmup", type=float, default=3.0, help="warm-up seconds before each cell (not counted)")
     p.add_argument("--timeout", type=float, default=10.0, help="a request unanswered this long counts as a timeout")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="each server's turn this many times, the servers alternating; per cell the median round")
     p.add_argument("--device", default="host", help="kubetrt serve --device (the peers run onnxruntime on the CPU)")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="kubetrt serve --max-batch-size (1 turns its batching off; default: serve's own)")
@@ -700,7 +728,9 @@ def main(argv: list[str] | None = None) -> int:
         if shutil.which(tool) is None and {"json", "binary"} & set(a.protocols):
             p.error(f"{tool} not found: run bench/peers/setup.sh tools")
 
-    cells: list[Cell] = []
+    if a.rounds < 1:
+        p.error(f"--rounds {a.rounds}: expected 1 or more")
+    by_cell: dict[tuple[str, str, str, int], list[Cell]] = {}
     engines: dict[str, dict[str, float]] = {}
     with tempfile.TemporaryDirectory(prefix="kubetrt-serving-bench-") as tmp:
         work = Path(tmp)
@@ -708,15 +738,23 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"preparing {name}")
             model = load_model(name)
             bodies = write_bodies(model, work / name)
-            engines[name] = engine_p50_ms(model, a.device)
-            progress(f"{name} batch 1 in-process p50: " + ", ".join(f"{k} {v:.3f} ms" for k, v in engines[name].items()))
-            for kind in a.servers:
-                server_dir = work / name / kind
-                server_dir.mkdir(parents=True, exist_ok=True)
-                cells += serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
-                                           a.timeout, server_dir, a.device, a.max_batch_size)
+            for r in range(a.rounds):
+                if a.rounds > 1:
+                    progress(f"{name}: round {r + 1} of {a.rounds}")
+                engine = engine_p50_ms(model, a.device)
+                progress(f"{name} batch 1 in-process p50: " + ", ".join(f"{k} {v:.3f} ms" for k, v in engine.items()))
+                # the least over the rounds, as within one: the engine's time where the machine was quiet
+                engines[name] = {k: min(v, engines.get(name, {}).get(k, v)) for k, v in engine.items()}
+                for kind in a.servers:
+                    server_dir = work / name / f"{kind}-{r}"
+                    server_dir.mkdir(parents=True, exist_ok=True)
+                    for cell in serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
+                                                  a.timeout, server_dir, a.device, a.max_batch_size):
+                        by_cell.setdefault((cell.server, cell.model, cell.protocol, cell.clients), []).append(cell)
+    cells = [combine_rounds(rounds) for rounds in by_cell.values()]
     print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
-          f"servers taking turns; REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s; "
+          f"servers taking turns ({a.rounds} round{'s' if a.rounds > 1 else ''}"
+          f"{', per cell the median round' if a.rounds > 1 else ''}); REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s; "
           f"kubetrt --max-batch-size {a.max_batch_size if a.max_batch_size is not None else 'default'}")
     sys.path.insert(0, str(HERE))
     from _machine import cpu_line, device_line
