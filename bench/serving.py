@@ -738,19 +738,21 @@ def main(argv: list[str] | None = None) -> int:
             progress(f"preparing {name}")
             model = load_model(name)
             bodies = write_bodies(model, work / name)
+            engine_rounds: list[dict[str, float]] = []
             for r in range(a.rounds):
                 if a.rounds > 1:
                     progress(f"{name}: round {r + 1} of {a.rounds}")
-                engine = engine_p50_ms(model, a.device)
-                progress(f"{name} batch 1 in-process p50: " + ", ".join(f"{k} {v:.3f} ms" for k, v in engine.items()))
-                # the least over the rounds, as within one: the engine's time where the machine was quiet
-                engines[name] = {k: min(v, engines.get(name, {}).get(k, v)) for k, v in engine.items()}
+                engine_rounds.append(engine_p50_ms(model, a.device))
+                progress(f"{name} batch 1 in-process p50: "
+                         + ", ".join(f"{k} {v:.3f} ms" for k, v in engine_rounds[-1].items()))
                 for kind in a.servers:
                     server_dir = work / name / f"{kind}-{r}"
                     server_dir.mkdir(parents=True, exist_ok=True)
                     for cell in serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
                                                   a.timeout, server_dir, a.device, a.max_batch_size):
                         by_cell.setdefault((cell.server, cell.model, cell.protocol, cell.clients), []).append(cell)
+            # the least over the rounds, as within one: the engine's time where the machine was quiet
+            engines[name] = {k: min(e[k] for e in engine_rounds) for k in engine_rounds[0]}
     cells = [combine_rounds(rounds) for rounds in by_cell.values()]
     print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
           f"servers taking turns ({a.rounds} round{'s' if a.rounds > 1 else ''}"

@@ -2,8 +2,8 @@
 from __future__ import annotations
 
 import math
-from typing import Any
 from pathlib import Path
+from typing import Any
 
 import file_modules
 
