@@ -30,7 +30,7 @@ Protocols, all Open Inference Protocol V2 with batch-1 requests pre-encoded once
 - grpc: inference.GRPCInferenceService/ModelInfer with raw_input_contents.
 REST load comes from wrk (one thread, N connections, a Lua script POSTing the body and counting
 statuses), gRPC load from ghz (N workers on N connections, one CPU, the request message
-binary-encoded). Each cell is a warm-up run, then a measured run of --seconds; after each run one
+binary-encoded, template processing off). Each cell is a warm-up run, then a measured run of --seconds; after each run one
 more request is awaited, so that the next starts on an idle server (a load generator that stops
 leaves its last requests in flight). With --rounds N every server takes its turn N times, the
 servers alternating (the engine measured again before each round, its least kept), and each cell
@@ -533,7 +533,9 @@ def ghz_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
         cmd = [ghz_binary(), "--insecure", "--proto", str(_oip_grpc().DESCRIPTOR_SET.with_suffix(".proto")),
                "--call", "inference.GRPCInferenceService.ModelInfer", "--binary-file", str(bodies.grpc),
                "-c", str(cell.clients), "--connections", str(cell.clients), "-z", f"{max(1, round(duration))}s",
-               "--timeout", f"{timeout:g}s", "--cpus", "1", "-O", "json", f"127.0.0.1:{server.grpc_port}"]
+               "--timeout", f"{timeout:g}s", "--cpus", "1", "-O", "json",
+               # the message is fixed bytes, no template: ghz's per-call template pass is client time in every p50
+               "--disable-template-functions", "--disable-template-data", f"127.0.0.1:{server.grpc_port}"]
         out = subprocess.run(cmd, capture_output=True, text=True, timeout=duration + timeout + 60)
         if not out.stdout.strip():
             raise RuntimeError(f"ghz printed no result: {out.stderr[-300:]}")
