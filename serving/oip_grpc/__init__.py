@@ -21,6 +21,16 @@ for _file in descriptor_pb2.FileDescriptorSet.FromString(DESCRIPTOR_SET.read_byt
     _pool.Add(_file)
 
 
+def proto_field(message: descriptor_pb2.DescriptorProto, name: str, number: int, kind: int, *, type_name: str = "",
+                label: int = descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, oneof: int | None = None) -> None:
+    """Declare a field of a message built in code (the protocols whose protos are not compiled here)."""
+    field = message.field.add(name=name, number=number, type=kind, label=label, json_name=name)
+    if type_name:
+        field.type_name = type_name
+    if oneof is not None:
+        field.oneof_index = oneof
+
+
 def message_class(name: str, package: str = "inference") -> Any:
     """The message class of `<package>.<name>` (nested ones as 'Outer.Inner')."""
     return message_factory.GetMessageClass(_pool.FindMessageTypeByName(f"{package}.{name}"))

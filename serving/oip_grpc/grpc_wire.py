@@ -1,5 +1,5 @@
 """gRPC's rules over HTTP/2, as pure functions: which request heads a server takes (RFC 9113's
-rules for a request, gRPC's for a call), its deadline, its one message, and the trailers that end
+rules for a request, gRPC's for a call), its deadline, its messages, and the trailers that end
 an answer."""
 from __future__ import annotations
 
@@ -90,7 +90,27 @@ def unframe_message(body: bytearray, encoding: bytes | None, limit: int) -> memo
     if len(body) != 5 + n:
         raise RpcError("INTERNAL", f"the request's message says {n} bytes, the stream carried {len(body) - 5}; "
                                    "a unary call sends exactly one message")
-    message = memoryview(body)[5:]
+    return open_message(compressed, memoryview(body)[5:], encoding, limit)
+
+
+def take_messages(body: bytearray) -> list[tuple[int, bytes]]:
+    """The whole messages at the start of a streaming call's body as (compressed flag, bytes),
+    removed from it; a message still arriving stays."""
+    out: list[tuple[int, bytes]] = []
+    at = 0
+    while len(body) - at >= 5:
+        compressed, n = MESSAGE_PREFIX.unpack_from(body, at)
+        if len(body) - at < 5 + n:
+            break
+        out.append((compressed, bytes(body[at + 5:at + 5 + n])))
+        at += 5 + n
+    if at:
+        del body[:at]
+    return out
+
+
+def open_message(compressed: int, message: memoryview, encoding: bytes | None, limit: int) -> memoryview:
+    """A message's bytes, inflated where its flag says it is compressed (gzip or deflate)."""
     if not compressed:
         return message
     if encoding in (b"gzip", b"deflate"):

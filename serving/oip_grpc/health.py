@@ -1,7 +1,8 @@
 """The standard gRPC health service (grpc.health.v1.Health/Check): what Kubernetes' gRPC probes and
 grpc_health_probe ask. The empty service name (or the OIP service's) is the server's readiness, a
-model's name that model's; any other name is NOT_FOUND, as the protocol asks. Its two messages are
-declared here as the protocol's health.proto declares them, in the pool of the OIP messages."""
+model's name that model's; any other name is NOT_FOUND, as the protocol asks. Its messages and Check
+are declared here as the protocol's health.proto declares them, in the pool of the OIP messages
+(server reflection describes it from there)."""
 from __future__ import annotations
 
 from typing import Any
@@ -10,7 +11,7 @@ from google.protobuf import descriptor_pb2
 
 from ..registry import ModelRegistry
 from . import SERVICE as OIP_SERVICE
-from . import _pool, message_class
+from . import _pool, message_class, proto_field
 
 SERVICE = "grpc.health.v1.Health"
 UNKNOWN, SERVING, NOT_SERVING, SERVICE_UNKNOWN = range(4)
@@ -18,16 +19,15 @@ UNKNOWN, SERVING, NOT_SERVING, SERVICE_UNKNOWN = range(4)
 
 def _health_proto() -> descriptor_pb2.FileDescriptorProto:
     f = descriptor_pb2.FileDescriptorProto(name="grpc/health/v1/health.proto", package="grpc.health.v1", syntax="proto3")
-    request = f.message_type.add(name="HealthCheckRequest")
-    request.field.add(name="service", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_STRING,
-                      label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, json_name="service")
+    proto_field(f.message_type.add(name="HealthCheckRequest"), "service", 1, descriptor_pb2.FieldDescriptorProto.TYPE_STRING)
     response = f.message_type.add(name="HealthCheckResponse")
     status = response.enum_type.add(name="ServingStatus")
     for number, name in enumerate(("UNKNOWN", "SERVING", "NOT_SERVING", "SERVICE_UNKNOWN")):
         status.value.add(name=name, number=number)
-    response.field.add(name="status", number=1, type=descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
-                       type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus",
-                       label=descriptor_pb2.FieldDescriptorProto.LABEL_OPTIONAL, json_name="status")
+    proto_field(response, "status", 1, descriptor_pb2.FieldDescriptorProto.TYPE_ENUM,
+                type_name=".grpc.health.v1.HealthCheckResponse.ServingStatus")
+    f.service.add(name="Health").method.add(name="Check", input_type=".grpc.health.v1.HealthCheckRequest",
+                                            output_type=".grpc.health.v1.HealthCheckResponse")
     return f
 
 

@@ -1,4 +1,4 @@
-"""gRPC unary calls over HTTP/2 (cleartext, prior knowledge: what gRPC's insecure channels speak),
+"""gRPC calls over HTTP/2 (cleartext, prior knowledge: what gRPC's insecure channels speak),
 served on the event loop the REST routes run on.
 
 Why not grpc.aio: its calls are read by gRPC's C core on threads of its own and reach the event
@@ -9,8 +9,10 @@ its answer written by the loop itself, in one turn where the handler does not wa
 What it speaks: RFC 9113's frames, settings, stream states, flow control (both ways) and errors,
 as h2spec checks them; HPACK (header_block.py); gRPC's rules (grpc_wire.py): message framing,
 `grpc-timeout`, gzip and deflate request messages, trailers-only error answers, plain HTTP 415 or
-405 to a request that is no gRPC call. Not spoken: server push, streaming calls (every rpc of the
-OIP service is unary), TLS (a pod's port is cleartext, as with grpc.aio).
+405 to a request that is no gRPC call. Unary calls (every rpc of the OIP service) start once the
+request has ended; streaming calls (server reflection's) start at their headers, each message
+handed to the handler as it arrives and each answer sent as the handler yields it. Not spoken:
+server push, TLS (a pod's port is cleartext, as with grpc.aio).
 """
 from __future__ import annotations
 
@@ -19,13 +21,14 @@ import logging
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Awaitable, Callable, cast
+from functools import partial
+from typing import AsyncIterator, Awaitable, Callable, cast
 
 from kubetrt.telemetry.logs import log
 
 from .grpc_wire import (
     MESSAGE_PREFIX, OK_TRAILERS, RESPONSE_HEADERS, MalformedHead, RpcError, content_length, not_grpc_answer,
-    parse_timeout, request_head, status_trailers, unframe_message,
+    open_message, parse_timeout, request_head, status_trailers, take_messages, unframe_message,
 )
 from .header_block import HeaderBlockError, HeaderDecoder
 
@@ -50,6 +53,7 @@ RECEIVE_FRAME_LIMIT = DEFAULT_FRAME  # this server announces no larger SETTINGS_
 HOLD_S = 0.005  # the longest a PING answer waits for company
 LINGER_S = 1.0  # how long a connection this side ends keeps reading what the client had already sent
 RESET_MEMORY = 1024  # streams this side reset, remembered so that the frames already on their way are dropped
+STREAM_BACKLOG = 256  # a streaming call's messages waiting for its handler; past it the call fails
 _FRAME_HEADER = struct.Struct(">IBI")  # a 24-bit length and the type in one word, the flags, the stream
 _PACK_HEADER = struct.Struct(">HBBBI")
 _SETTING = struct.Struct(">HI")
@@ -57,6 +61,8 @@ _WORD = struct.Struct(">I")
 
 # A unary method: (request message bytes, seconds left before the client's deadline or None) -> answer bytes
 Unary = Callable[[memoryview, "float | None"], Awaitable[bytes]]
+# A streaming method: (the request messages as they arrive, seconds left or None) -> answer messages
+Streaming = Callable[[AsyncIterator[memoryview], "float | None"], AsyncIterator[bytes]]
 
 
 def frame(kind: int, flags: int, stream: int, payload: bytes | memoryview = b"") -> bytes:
@@ -90,6 +96,9 @@ class _Stream:
     received: bool = False  # the client's END_STREAM came (half-closed, remote)
     expected_length: int | None = None  # its content-length, where it sent one
     unacked: int = 0  # bytes read since the stream's last WINDOW_UPDATE
+    inbox: asyncio.Queue[memoryview | None] | None = None  # a streaming call's messages for its handler (None: the end)
+    answering: bool = False  # the answer's HEADERS went out (an error then ends it with trailers alone)
+    more: bool = False  # a streaming answer not yet ended: its DATA leaves the stream open
 
 
 def _frame_too_long(length: int) -> _ConnectionError:
@@ -342,7 +351,9 @@ class GrpcConnection(asyncio.Protocol):
                 except RpcError as e:
                     self._answer_error(s, e)
                     return
-        if s.received:
+        if s.inbox is not None:
+            self._deliver(s)
+        elif s.received or (not trailers and s.headers.get(b":path") in self.server.streaming):
             self._start(s)
 
     def _data(self, flags: int, sid: int, payload: memoryview) -> None:
@@ -373,8 +384,11 @@ class GrpcConnection(asyncio.Protocol):
             s.received = True
             if s.expected_length is not None and s.expected_length != len(s.body):
                 raise _StreamError(PROTOCOL_ERROR, f"content-length {s.expected_length}, DATA of {len(s.body)} bytes")
+        if s.inbox is not None:
+            self._deliver(s)
+        elif s.received:
             self._start(s)
-        elif s.unacked >= RECEIVE_WINDOW // 2:  # a message larger than the window
+        if not s.received and s.unacked >= RECEIVE_WINDOW // 2:  # a message larger than the window
             self._write(frame(WINDOW_UPDATE, 0, sid, _WORD.pack(s.unacked)))
             s.unacked = 0
 
@@ -436,25 +450,64 @@ class GrpcConnection(asyncio.Protocol):
         if h.get(b":method") != b"POST":
             self._answer_plain(s, 405, "a gRPC call is a POST")
             return
+        streaming = self.server.streaming.get(h[b":path"])
+        if streaming is not None:
+            s.inbox = asyncio.Queue()
+            self._deliver(s)
+            if self.streams.get(s.id) is s:
+                s.task = asyncio.get_running_loop().create_task(self._call(s, partial(self._stream_answers, s, streaming)))
+            return
         method = self.server.methods.get(h[b":path"])
         if method is None:
             path = h[b":path"].decode(errors="replace")
-            self._answer_error(s, RpcError("UNIMPLEMENTED", f"unknown method {path}; this server answers "
-                                                            f"{', '.join(sorted(p.decode() for p in self.server.methods))}"))
+            known = sorted(p.decode() for p in (*self.server.methods, *self.server.streaming))
+            self._answer_error(s, RpcError("UNIMPLEMENTED", f"unknown method {path}; this server answers {', '.join(known)}"))
             return
         try:
             message = unframe_message(s.body, h.get(b"grpc-encoding"), self.server.max_message)
         except RpcError as e:
             self._answer_error(s, e)
             return
-        s.task = asyncio.get_running_loop().create_task(self._call(s, method, message))
+        s.task = asyncio.get_running_loop().create_task(self._call(s, partial(self._unary_answer, s, method, message)))
 
-    async def _call(self, s: _Stream, method: Unary, message: memoryview) -> None:
+    async def _unary_answer(self, s: _Stream, method: Unary, message: memoryview, remaining: float | None) -> None:
+        self._answer(s, await method(message, remaining))
+
+    async def _stream_answers(self, s: _Stream, method: Streaming, remaining: float | None) -> None:
+        async def requests() -> AsyncIterator[memoryview]:
+            assert s.inbox is not None
+            while (message := await s.inbox.get()) is not None:
+                yield message
+
+        async for answer in method(requests(), remaining):
+            self._answer_part(s, answer)
+        self._answer_end(s)
+
+    def _deliver(self, s: _Stream) -> None:
+        """Hand a streaming call's whole messages to its handler, and the end of them once the client's
+        side has ended."""
+        assert s.inbox is not None
+        try:
+            for compressed, data in take_messages(s.body):
+                s.inbox.put_nowait(open_message(compressed, memoryview(data), s.headers.get(b"grpc-encoding"), self.server.max_message))
+            if s.inbox.qsize() > STREAM_BACKLOG:
+                raise RpcError("RESOURCE_EXHAUSTED", f"more than {STREAM_BACKLOG} messages wait for the call's handler")
+            if s.received and s.body:
+                raise RpcError("INTERNAL", f"the request ended inside a message ({len(s.body)} bytes of it)")
+        except RpcError as e:
+            if s.task is not None:
+                s.task.cancel()
+            self._answer_error(s, e)
+            return
+        if s.received:
+            s.inbox.put_nowait(None)
+
+    async def _call(self, s: _Stream, answer: Callable[[float | None], Awaitable[None]]) -> None:
         try:
             remaining = None if s.deadline is None else s.deadline - time.monotonic()
             if remaining is not None and remaining <= 0:
                 raise RpcError("DEADLINE_EXCEEDED", "the call's deadline passed before it started")
-            answer = await method(message, remaining)
+            await answer(remaining)
         except RpcError as e:
             self._answer_error(s, e)
         except asyncio.CancelledError:
@@ -464,8 +517,6 @@ class GrpcConnection(asyncio.Protocol):
         except Exception as e:  # a handler's bug: the client hears INTERNAL, the log says what it was
             log(logger, logging.ERROR, "gRPC call failed", stream=s.id, error=repr(e))
             self._answer_error(s, RpcError("INTERNAL", f"the server failed: {type(e).__name__}"))
-        else:
-            self._answer(s, answer)
         finally:
             s.task = None
             self._close_when_idle()
@@ -477,6 +528,26 @@ class GrpcConnection(asyncio.Protocol):
         s.trailers = OK_TRAILERS
         self._send(s, frame(HEADERS, END_HEADERS, s.id, RESPONSE_HEADERS))
 
+    def _answer_part(self, s: _Stream, message: bytes) -> None:
+        """One message of a streaming answer; the stream stays open for more."""
+        if self.streams.get(s.id) is not s or self.transport is None:
+            return
+        head = b"" if s.answering else frame(HEADERS, END_HEADERS, s.id, RESPONSE_HEADERS)
+        s.answering = s.more = True
+        s.pending.append(memoryview(MESSAGE_PREFIX.pack(0, len(message)) + message))
+        self._send(s, head)
+
+    def _answer_end(self, s: _Stream) -> None:
+        """The end of a streaming answer: OK in trailers, after what is still waiting for window."""
+        if self.streams.get(s.id) is not s or self.transport is None:
+            return
+        if not s.answering:
+            self._answer_status(s, OK_TRAILERS)
+            return
+        s.more = False
+        s.trailers = OK_TRAILERS
+        self._send(s)
+
     def _answer_plain(self, s: _Stream, status: int, why: str) -> None:
         head, body = not_grpc_answer(status, why)
         s.pending = [memoryview(body)]
@@ -484,12 +555,15 @@ class GrpcConnection(asyncio.Protocol):
         self._send(s, frame(HEADERS, END_HEADERS, s.id, head))
 
     def _answer_error(self, s: _Stream, e: RpcError) -> None:
-        """A trailers-only answer: one HEADERS frame with the status, ending the stream."""
+        self._answer_status(s, status_trailers(e.code, e.message))
+
+    def _answer_status(self, s: _Stream, trailers: bytes) -> None:
+        """End the stream with its status: trailers alone where the answer has begun, else a
+        trailers-only answer (one HEADERS frame with the head and the status)."""
         if self.streams.pop(s.id, None) is None or self.transport is None:
             return
-        self._write(frame(HEADERS, END_HEADERS | END_STREAM, s.id, RESPONSE_HEADERS + status_trailers(e.code, e.message)))
-        if not s.received:
-            self._reset(s.id, NO_ERROR)  # the client may stop sending: the answer is complete
+        self._write(frame(HEADERS, END_HEADERS | END_STREAM, s.id, (b"" if s.answering else RESPONSE_HEADERS) + trailers))
+        self._stop_reading(s)
 
     def _send(self, s: _Stream, head: bytes = b"") -> None:
         """Write what the windows allow of a stream's answer (after its head, where given); the end
@@ -500,7 +574,7 @@ class GrpcConnection(asyncio.Protocol):
             n = min(len(chunk), self.peer_frame, self.send_window, s.send_window)
             if n <= 0:
                 break
-            last = n == len(chunk) and len(s.pending) == 1 and s.trailers is None
+            last = n == len(chunk) and len(s.pending) == 1 and s.trailers is None and not s.more
             out.append(_PACK_HEADER.pack(n >> 8, n & 0xFF, DATA, END_STREAM if last else 0, s.id))
             out.append(chunk[:n])
             self.send_window -= n
@@ -509,12 +583,15 @@ class GrpcConnection(asyncio.Protocol):
                 s.pending.pop(0)
             else:
                 s.pending[0] = chunk[n:]
-        if not s.pending:
+        ended = not s.pending and not s.more
+        if ended:
             if s.trailers is not None:
                 out.append(frame(HEADERS, END_HEADERS | END_STREAM, s.id, s.trailers))
             self.streams.pop(s.id, None)
         if out:
             self._write(b"".join(out) if len(out) <= 4 else out)
+        if ended:
+            self._stop_reading(s)
 
     def _flush_pending(self) -> None:
         for s in [s for s in self.streams.values() if s.pending]:
@@ -523,15 +600,26 @@ class GrpcConnection(asyncio.Protocol):
             self._send(s)
 
     # --- connection
+    def _stop_reading(self, s: _Stream) -> None:
+        """After a stream's answer has ended: a client still sending on it (a streaming call whose
+        handler ended early, a call refused before its request was whole) is told to stop
+        (RST_STREAM NO_ERROR), and what it had already sent is dropped."""
+        if not s.received:
+            self._forget(s.id)
+            self._write(frame(RST_STREAM, 0, s.id, _WORD.pack(NO_ERROR)))
+
+    def _forget(self, sid: int) -> None:
+        self.reset[sid] = None
+        if len(self.reset) > RESET_MEMORY:
+            del self.reset[next(iter(self.reset))]
+
     def _reset(self, sid: int, code: int) -> None:
         s = self.streams.pop(sid, None)
         if s is not None and s.task is not None:
             s.task.cancel()
         if self.continuing is not None and self.continuing.id == sid:
             self.continuing = None
-        self.reset[sid] = None
-        if len(self.reset) > RESET_MEMORY:
-            del self.reset[next(iter(self.reset))]
+        self._forget(sid)
         self._write(frame(RST_STREAM, 0, sid, _WORD.pack(code)))
 
     def _write(self, data: bytes | list[bytes | memoryview]) -> None:
@@ -593,10 +681,11 @@ class GrpcConnection(asyncio.Protocol):
 
 
 class GrpcServer:
-    """Unary methods by path ('/package.Service/Method') served on one listening socket."""
+    """Unary and streaming methods by path ('/package.Service/Method') served on one listening socket."""
 
-    def __init__(self, methods: dict[str, Unary], max_message: int) -> None:
+    def __init__(self, methods: dict[str, Unary], max_message: int, streaming: dict[str, Streaming] | None = None) -> None:
         self.methods = {path.encode(): m for path, m in methods.items()}
+        self.streaming = {path.encode(): m for path, m in (streaming or {}).items()}
         self.max_message = max_message
         self.connections: set[GrpcConnection] = set()
         self.closing = False

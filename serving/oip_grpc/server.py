@@ -4,7 +4,7 @@ status code (errors.py)."""
 from __future__ import annotations
 
 import logging
-from typing import Any, Awaitable, Callable
+from typing import Any, AsyncIterator, Awaitable, Callable
 
 from google.protobuf.message import DecodeError
 
@@ -16,9 +16,10 @@ from ..errors import ServingError
 from ..registry import ModelRegistry, ServingConfig, timeout_from_params
 from . import (
     METHODS, SERVICE, ModelReadyResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse, codec, health,
+    reflection,
 )
 from .grpc_wire import RpcError
-from .http2 import GrpcServer, Unary
+from .http2 import GrpcServer, Streaming, Unary
 
 logger = logging.getLogger("kubetrt.serving")
 Handler = Callable[[Any, "float | None"], Awaitable[Any]]
@@ -61,16 +62,24 @@ class InferenceService:
         return await tracked(served, handle)
 
 
+def _reader(request_cls: Any, parse: Callable[[memoryview], Any] | None = None) -> Callable[[memoryview], Any]:
+    read = request_cls.FromString if parse is None else parse
+
+    def read_message(message: memoryview) -> Any:
+        try:
+            return read(message)
+        except DecodeError as e:
+            raise RpcError("INTERNAL", f"the request is not a {request_cls.DESCRIPTOR.full_name} message: {e}") from None
+    return read_message
+
+
 def unary(name: str, method: Handler, request_cls: Any, parse: Callable[[memoryview], Any] | None = None) -> Unary:
     """A service method as http2.py calls it: message bytes in (read by `parse`, request_cls.FromString
     where None), message bytes out, serving errors raised as their gRPC status."""
-    read = request_cls.FromString if parse is None else parse
+    read = _reader(request_cls, parse)
 
     async def call(message: memoryview, remaining: float | None) -> bytes:
-        try:
-            request = read(message)
-        except DecodeError as e:
-            raise RpcError("INTERNAL", f"the request is not a {request_cls.DESCRIPTOR.full_name} message: {e}") from None
+        request = read(message)
         try:
             response = await method(request, remaining)
         except ServingError as e:
@@ -81,12 +90,31 @@ def unary(name: str, method: Handler, request_cls: Any, parse: Callable[[memoryv
     return call
 
 
+def streaming(method: Callable[[AsyncIterator[Any], "float | None"], AsyncIterator[Any]], request_cls: Any) -> Streaming:
+    """A streaming method as http2.py calls it: each message read as request_cls, each answer written."""
+    read = _reader(request_cls)
+
+    async def call(messages: AsyncIterator[memoryview], remaining: float | None) -> AsyncIterator[bytes]:
+        async def requests() -> AsyncIterator[Any]:
+            async for message in messages:
+                yield read(message)
+
+        async for response in method(requests(), remaining):
+            yield response.SerializeToString()
+    return call
+
+
 def create_grpc_server(registry: ModelRegistry, config: ServingConfig) -> GrpcServer:
-    """An unstarted server of the OIP service's methods and the health service's Check;
-    `await server.start(host, port)` listens."""
+    """An unstarted server of the OIP service's methods, the health service's Check and server
+    reflection; `await server.start(host, port)` listens."""
     service = InferenceService(registry)
     parsers = {"ModelInfer": codec.read_infer_request}
     methods = {f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls, parsers.get(name))
                for name, (request_cls, _) in METHODS.items()}
     methods[f"/{health.SERVICE}/Check"] = unary("Check", health.HealthService(registry).Check, health.HealthCheckRequest)
-    return GrpcServer(methods, config.max_body_bytes)
+    reflected = [f"{package}.{reflection.SERVICE_NAME}" for package in reflection.VERSIONS]
+    streams: dict[str, Streaming] = {}
+    for package, name in zip(reflection.VERSIONS, reflected):
+        answers = reflection.ReflectionService(package, [SERVICE, health.SERVICE, *reflected])
+        streams[f"/{name}/{reflection.METHOD}"] = streaming(answers.ServerReflectionInfo, answers.Request)
+    return GrpcServer(methods, config.max_body_bytes, streams)

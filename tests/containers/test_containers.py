@@ -14,6 +14,7 @@ import copy
 import datetime
 import json
 import socket
+import subprocess
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -215,6 +216,20 @@ def test_serving_answers_like_tensorflow_tritonclient_grpc(model: PipelineModel,
         print(f"tritonclient (gRPC): output {name} shape {list(got.shape)} max abs error vs TensorFlow {err:.2e} "
               f"(tolerance {HOST_FP32:g})", flush=True)
         np.testing.assert_allclose(got, ref, rtol=HOST_FP32, atol=HOST_FP32, err_msg=f"output {name}")
+
+
+def test_serving_image_answers_grpc_reflection_to_grpcurl(serving: Serving) -> None:
+    repo = Path(__file__).resolve().parents[2]
+    grpcurl = subprocess.run(["bash", str(repo / "scripts" / "get-go-tool.sh"), "grpcurl"], capture_output=True, text=True,
+                             check=True, timeout=900).stdout.strip()
+    target = f"127.0.0.1:{names.SERVING_GRPC_PORT}"
+    listed = subprocess.run([grpcurl, "-plaintext", "-max-time", "30", target, "list"], capture_output=True, text=True, timeout=60)
+    print(f"grpcurl list: {listed.stdout.split()}", flush=True)
+    assert listed.returncode == 0, listed.stderr
+    assert {"inference.GRPCInferenceService", "grpc.health.v1.Health", "grpc.reflection.v1.ServerReflection"} <= set(listed.stdout.split())
+    metadata = subprocess.run([grpcurl, "-plaintext", "-max-time", "30", "-d", json.dumps({"name": serving.model_name}), target,
+                               "inference.GRPCInferenceService/ModelMetadata"], capture_output=True, text=True, timeout=60)
+    assert metadata.returncode == 0 and json.loads(metadata.stdout)["name"] == serving.model_name, metadata.stderr
 
 
 def test_serving_answers_like_tensorflow_tf_serving_rest(model: PipelineModel, serving: Serving) -> None:

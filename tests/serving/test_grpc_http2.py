@@ -1,8 +1,9 @@
 """serving/oip_grpc/http2.py, the HTTP/2 server the gRPC endpoint runs on, driven by grpcio's C-core
 client (a client we did not write) against test methods: messages past every window and frame
 size both ways, calls interleaved on one connection, deadlines, compression, errors, cancellation,
-a graceful stop, and a client that speaks no HTTP/2; checked by h2spec, the HTTP/2 conformance
-suite, case by case. Its HPACK decoder against the `hpack` package's encoder."""
+a graceful stop, and a client that speaks no HTTP/2; streaming calls answered message by message;
+checked by h2spec, the HTTP/2 conformance suite, case by case. Its HPACK decoder against the
+`hpack` package's encoder."""
 from __future__ import annotations
 
 import asyncio
@@ -14,7 +15,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Awaitable, Callable, Iterator
+from typing import Any, AsyncIterator, Awaitable, Callable, Iterator
 
 import grpc
 import hpack
@@ -50,17 +51,51 @@ class Methods:
     async def crash(self, message: memoryview, remaining: float | None) -> bytes:
         raise KeyError("a bug")
 
-    async def hold(self, message: memoryview, remaining: float | None) -> bytes:
+    async def _held(self) -> None:
+        """Wait until released, saying so when entered and when cancelled instead."""
         self.entered.set()
         try:
             await self.release.wait()
         except asyncio.CancelledError:
             self.cancelled.set()
             raise
+
+    async def hold(self, message: memoryview, remaining: float | None) -> bytes:
+        await self._held()
         return b"released"
 
     def table(self) -> dict[str, Callable[[memoryview, float | None], Awaitable[bytes]]]:
         return {f"/test.Test/{name}": getattr(self, name) for name in ("echo", "remaining", "fail", "crash", "hold")}
+
+    # streaming methods: each request message an integer's digits
+    async def running_sum(self, messages: AsyncIterator[memoryview], remaining: float | None) -> AsyncIterator[bytes]:
+        total = 0
+        async for m in messages:
+            total += int(bytes(m))
+            yield str(total).encode()
+
+    async def sizes(self, messages: AsyncIterator[memoryview], remaining: float | None) -> AsyncIterator[bytes]:
+        async for m in messages:
+            yield str(len(m)).encode() + bytes(m[:8])
+
+    async def first_only(self, messages: AsyncIterator[memoryview], remaining: float | None) -> AsyncIterator[bytes]:
+        async for m in messages:
+            yield bytes(m)
+            return
+
+    async def fail_at_zero(self, messages: AsyncIterator[memoryview], remaining: float | None) -> AsyncIterator[bytes]:
+        async for m in messages:
+            if int(bytes(m)) == 0:
+                raise RpcError("ABORTED", "a zero")
+            yield bytes(m)
+
+    async def stall(self, messages: AsyncIterator[memoryview], remaining: float | None) -> AsyncIterator[bytes]:
+        await self._held()
+        async for m in messages:
+            yield bytes(m)
+
+    def streams(self) -> dict[str, Callable[[AsyncIterator[memoryview], float | None], AsyncIterator[bytes]]]:
+        return {f"/test.Test/{name}": getattr(self, name) for name in ("running_sum", "sizes", "first_only", "fail_at_zero", "stall")}
 
 
 class Served:
@@ -69,7 +104,7 @@ class Served:
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         self.methods = self.run(self._methods())
-        self.server = GrpcServer(self.methods.table(), MAX_MESSAGE)
+        self.server = GrpcServer(self.methods.table(), MAX_MESSAGE, self.methods.streams())
         self.port = self.run(self.server.start("127.0.0.1", 0))
         self.target = f"127.0.0.1:{self.port}"
 
@@ -331,10 +366,99 @@ def test_reads_cut_anywhere_in_a_frame_give_the_same_calls(served, pieces):
     assert [p for k, f, _, p in frames if k == http2.PING] == [b"between!"] * 2
 
 
+def stream(channel: grpc.Channel, name: str) -> Any:
+    return channel.stream_stream(f"/test.Test/{name}")
+
+
+def test_a_streaming_call_answers_each_message_before_the_next_is_sent(served):
+    """The client sends its next number only once the last one's answer came: a server that waited
+    for the end of the request would answer none (and the call's deadline would end it)."""
+    sent: list[int] = []
+    answered = threading.Event()
+
+    def requests() -> Iterator[bytes]:
+        for n in (5, 7, 30, 0, 1):
+            sent.append(n)
+            yield str(n).encode()
+            assert answered.wait(10), f"no answer to {n} before the next message"
+            answered.clear()
+
+    with grpc.insecure_channel(served.target) as ch:
+        got = []
+        for answer in stream(ch, "running_sum")(requests(), timeout=30):
+            got.append(int(answer))
+            answered.set()
+    assert got == [5, 12, 42, 42, 43] and sent == [5, 7, 30, 0, 1]
+
+
+@pytest.mark.parametrize("compression", [grpc.Compression.NoCompression, grpc.Compression.Gzip])
+def test_a_streaming_calls_messages_of_every_size_each_come_whole(served, compression):
+    """Messages across frames, reads and windows (and compressed ones inflated), interleaved with
+    unary calls on the same connection."""
+    payloads = [random.Random(i).randbytes(size) for i, size in enumerate((0, 1, 16_379, 16_384, 70_001, 2 << 20, 9))]
+    with grpc.insecure_channel(served.target, compression=compression) as ch:
+        answers = stream(ch, "sizes")(iter(payloads * 3), timeout=60)
+        assert call(ch, "echo")(b"between", timeout=10) == b"between"
+        assert list(answers) == [str(len(p)).encode() + p[:8] for p in payloads * 3]
+
+
+def test_a_streaming_call_without_messages_ends_ok_with_no_answers(served):
+    with grpc.insecure_channel(served.target) as ch:
+        answers = stream(ch, "running_sum")(iter(()), timeout=10)
+        assert list(answers) == [] and answers.code() == grpc.StatusCode.OK
+
+
+def test_a_handler_that_ends_early_ends_the_call_ok_while_the_client_still_sends(served):
+    def requests() -> Iterator[bytes]:
+        yield b"1"
+        for _ in range(200):
+            time.sleep(0.005)
+            yield b"2"
+
+    with grpc.insecure_channel(served.target) as ch:
+        answers = stream(ch, "first_only")(requests(), timeout=30)
+        assert list(answers) == [b"1"] and answers.code() == grpc.StatusCode.OK
+        assert call(ch, "echo")(b"after", timeout=10) == b"after"
+
+
+def test_a_streaming_error_after_answers_ends_the_call_with_its_status(served):
+    with grpc.insecure_channel(served.target) as ch:
+        answers = stream(ch, "fail_at_zero")(iter([b"3", b"4", b"0", b"5"]), timeout=10)
+        got = []
+        with pytest.raises(grpc.RpcError) as e:
+            for answer in answers:
+                got.append(answer)
+        assert got == [b"3", b"4"]
+        assert e.value.code() == grpc.StatusCode.ABORTED and e.value.details() == "a zero"
+        assert call(ch, "echo")(b"after", timeout=10) == b"after"
+
+
+def test_a_streaming_call_whose_handler_falls_behind_is_refused_not_buffered_without_end(served):
+    with grpc.insecure_channel(served.target) as ch:
+        answers = stream(ch, "stall")(iter([b"1"] * (http2.STREAM_BACKLOG + 50)), timeout=30)
+        with pytest.raises(grpc.RpcError) as e:
+            list(answers)
+        assert e.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and str(http2.STREAM_BACKLOG) in e.value.details()
+        assert served.methods.cancelled.wait(5), "the handler kept running after its call failed"
+
+
+def test_a_streaming_call_the_client_cancels_is_cancelled_in_the_server(served):
+    def requests() -> Iterator[bytes]:
+        yield b"1"
+        time.sleep(30)
+
+    with grpc.insecure_channel(served.target) as ch:
+        answers = stream(ch, "stall")(requests(), timeout=30)
+        assert served.methods.entered.wait(10)
+        answers.cancel()
+        assert served.methods.cancelled.wait(5), "the handler kept running after the client cancelled"
+        assert call(ch, "echo")(b"after", timeout=10) == b"after"
+
+
 def test_h2spec_finds_every_case_of_rfc_9113_and_7541_answered_as_they_ask(served):
     """h2spec's 145 cases: frame and stream errors, flow control, settings, header rules, HPACK.
     (Its requests are no gRPC calls; they are answered 415 with a body, which its cases read.)"""
-    h2spec = subprocess.run(["bash", str(REPO / "scripts" / "get-h2spec.sh")], capture_output=True, text=True, check=True)
+    h2spec = subprocess.run(["bash", str(REPO / "scripts" / "get-go-tool.sh"), "h2spec"], capture_output=True, text=True, check=True)
     run = subprocess.run([h2spec.stdout.strip(), "-h", "127.0.0.1", "-p", str(served.port)],
                          capture_output=True, text=True, timeout=300)
     summary = re.search(r"(\d+) tests, (\d+) passed, (\d+) skipped, (\d+) failed", run.stdout)
