@@ -44,8 +44,15 @@ ModelMetadataResponse = message_class("ModelMetadataResponse")
 ModelInferRequest = message_class("ModelInferRequest")
 ModelInferResponse = message_class("ModelInferResponse")
 
-# rpc name -> (request class, response class), as the service declares them
-METHODS: dict[str, tuple[Any, Any]] = {
-    m.name: (message_class(m.input_type.name), message_class(m.output_type.name))
-    for m in _pool.FindServiceByName(SERVICE).methods
-}
+ModelStreamInferResponse = message_class("ModelStreamInferResponse")
+
+
+def _methods(streaming: bool) -> dict[str, tuple[Any, Any]]:
+    return {m.name: (message_class(m.input_type.name), message_class(m.output_type.name))
+            for m in _pool.FindServiceByName(SERVICE).methods if m.client_streaming == streaming}
+
+
+# rpc name -> (request class, response class), as the service declares them: the unary ones, and
+# the streaming one (Triton's ModelStreamInfer)
+METHODS = _methods(streaming=False)
+STREAM_METHODS = _methods(streaming=True)

@@ -3,6 +3,7 @@ served by http2.py on the REST routes' event loop, with each serving error answe
 status code (errors.py)."""
 from __future__ import annotations
 
+import asyncio
 import logging
 from typing import Any, AsyncIterator, Awaitable, Callable
 
@@ -15,8 +16,8 @@ from ..calls import lookup, tracked
 from ..errors import ServingError
 from ..registry import ModelRegistry, ServingConfig, timeout_from_params
 from . import (
-    METHODS, SERVICE, ModelReadyResponse, ServerLiveResponse, ServerMetadataResponse, ServerReadyResponse, codec, health,
-    reflection,
+    METHODS, SERVICE, STREAM_METHODS, ModelInferRequest, ModelReadyResponse, ModelStreamInferResponse, ServerLiveResponse,
+    ServerMetadataResponse, ServerReadyResponse, codec, health, reflection,
 )
 from .grpc_wire import RpcError
 from .http2 import GrpcServer, Streaming, Unary
@@ -61,6 +62,37 @@ class InferenceService:
 
         return await tracked(served, handle)
 
+    async def ModelStreamInfer(self, requests: AsyncIterator[codec.InferMessage], remaining: float | None) -> AsyncIterator[Any]:
+        """Triton's stream of inferences: every request starts as it arrives (so those that arrive
+        while the model is busy are batched, as separate calls would be) and is answered in turn; one
+        that fails is answered with its error and the stream goes on."""
+        started: asyncio.Queue[asyncio.Future[Any] | None] = asyncio.Queue()
+
+        async def start_each() -> None:
+            try:
+                async for request in requests:
+                    started.put_nowait(asyncio.ensure_future(self._stream_answer(request)))
+            finally:
+                started.put_nowait(None)
+
+        reader = asyncio.ensure_future(start_each())
+        try:
+            while (answer := await started.get()) is not None:
+                yield await answer
+            await reader  # a message that was no request fails the stream here, after the answers before it
+        finally:
+            reader.cancel()
+            while not started.empty():
+                left = started.get_nowait()
+                if left is not None:
+                    left.cancel()
+
+    async def _stream_answer(self, request: codec.InferMessage) -> Any:
+        try:
+            return ModelStreamInferResponse(infer_response=await self.ModelInfer(request, None))
+        except ServingError as e:
+            return ModelStreamInferResponse(error_message=e.message)
+
 
 def _reader(request_cls: Any, parse: Callable[[memoryview], Any] | None = None) -> Callable[[memoryview], Any]:
     read = request_cls.FromString if parse is None else parse
@@ -90,9 +122,11 @@ def unary(name: str, method: Handler, request_cls: Any, parse: Callable[[memoryv
     return call
 
 
-def streaming(method: Callable[[AsyncIterator[Any], "float | None"], AsyncIterator[Any]], request_cls: Any) -> Streaming:
-    """A streaming method as http2.py calls it: each message read as request_cls, each answer written."""
-    read = _reader(request_cls)
+def streaming(method: Callable[[AsyncIterator[Any], "float | None"], AsyncIterator[Any]], request_cls: Any,
+              parse: Callable[[memoryview], Any] | None = None) -> Streaming:
+    """A streaming method as http2.py calls it: each message read (by `parse`, request_cls.FromString
+    where None), each answer written."""
+    read = _reader(request_cls, parse)
 
     async def call(messages: AsyncIterator[memoryview], remaining: float | None) -> AsyncIterator[bytes]:
         async def requests() -> AsyncIterator[Any]:
@@ -108,12 +142,14 @@ def create_grpc_server(registry: ModelRegistry, config: ServingConfig) -> GrpcSe
     """An unstarted server of the OIP service's methods, the health service's Check and server
     reflection; `await server.start(host, port)` listens."""
     service = InferenceService(registry)
-    parsers = {"ModelInfer": codec.read_infer_request}
-    methods = {f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls, parsers.get(name))
+    parsers = {ModelInferRequest: codec.read_infer_request}  # its raw contents kept as views of the message
+    methods = {f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls, parsers.get(request_cls))
                for name, (request_cls, _) in METHODS.items()}
     methods[f"/{health.SERVICE}/Check"] = unary("Check", health.HealthService(registry).Check, health.HealthCheckRequest)
     reflected = [f"{package}.{reflection.SERVICE_NAME}" for package in reflection.VERSIONS]
-    streams: dict[str, Streaming] = {}
+    streams: dict[str, Streaming] = {
+        f"/{SERVICE}/{name}": streaming(getattr(service, name), request_cls, parsers.get(request_cls))
+        for name, (request_cls, _) in STREAM_METHODS.items()}
     for package, name in zip(reflection.VERSIONS, reflected):
         answers = reflection.ReflectionService(package, [SERVICE, health.SERVICE, *reflected])
         streams[f"/{name}/{reflection.METHOD}"] = streaming(answers.ServerReflectionInfo, answers.Request)

@@ -15,6 +15,7 @@ import datetime
 import json
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
 from dataclasses import dataclass
@@ -209,13 +210,29 @@ def test_serving_answers_like_tensorflow_tritonclient_grpc(model: PipelineModel,
         feed = triton.InferInput(name, list(x.shape), "FP32")
         feed.set_data_from_numpy(x)
         feeds.append(feed)
-    result = client.infer(serving.model_name, feeds, model_version=serving.model_version, client_timeout=60)
-    for name, ref in sorted(model.tensorflow.items()):
-        got = result.as_numpy(name)
-        err = float(np.max(np.abs(got.astype(np.float64) - ref)))
-        print(f"tritonclient (gRPC): output {name} shape {list(got.shape)} max abs error vs TensorFlow {err:.2e} "
-              f"(tolerance {HOST_FP32:g})", flush=True)
-        np.testing.assert_allclose(got, ref, rtol=HOST_FP32, atol=HOST_FP32, err_msg=f"output {name}")
+    unary = client.infer(serving.model_name, feeds, model_version=serving.model_version, client_timeout=60)
+    answered: list[Any] = []
+    done = threading.Event()
+    def on_answer(result: Any, error: Any) -> None:
+        answered.append(error or result)
+        done.set()
+
+    client.start_stream(callback=on_answer)
+    try:
+        client.async_stream_infer(serving.model_name, feeds, model_version=serving.model_version)
+        assert done.wait(60), "no answer on the stream"
+    finally:
+        client.stop_stream()
+        client.close()
+    (streamed,) = answered
+    assert not isinstance(streamed, Exception), streamed
+    for how, result in (("gRPC", unary), ("gRPC stream", streamed)):
+        for name, ref in sorted(model.tensorflow.items()):
+            got = result.as_numpy(name)
+            err = float(np.max(np.abs(got.astype(np.float64) - ref)))
+            print(f"tritonclient ({how}): output {name} shape {list(got.shape)} max abs error vs TensorFlow {err:.2e} "
+                  f"(tolerance {HOST_FP32:g})", flush=True)
+            np.testing.assert_allclose(got, ref, rtol=HOST_FP32, atol=HOST_FP32, err_msg=f"output {name} ({how})")
 
 
 def test_serving_image_answers_grpc_reflection_to_grpcurl(serving: Serving) -> None:

@@ -56,7 +56,7 @@ def test_a_client_with_only_reflection_lists_reads_and_calls(target, cnn_model):
         assert sorted(db.get_services()) == SERVICES
         pool = descriptor_pool.DescriptorPool(db)
         oip = pool.FindServiceByName("inference.GRPCInferenceService")
-        assert sorted(oip.methods_by_name) == sorted(oip_grpc.METHODS)
+        assert sorted(oip.methods_by_name) == sorted([*oip_grpc.METHODS, *oip_grpc.STREAM_METHODS])
         check = pool.FindServiceByName("grpc.health.v1.Health").methods_by_name["Check"]
         assert (check.input_type.full_name, check.output_type.full_name) == (
             "grpc.health.v1.HealthCheckRequest", "grpc.health.v1.HealthCheckResponse")

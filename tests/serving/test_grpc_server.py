@@ -9,6 +9,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 import numpy as np
@@ -17,6 +18,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException
 
+from kubetrt.runtime.accuracy import TOLERANCES
 from kubetrt.serving import oip_grpc
 from kubetrt.serving.app import create_app
 from kubetrt.serving.batcher import BatcherConfig
@@ -63,12 +65,13 @@ def test_messages_match_tritonclients_field_for_field():
     from tritonclient.grpc import service_pb2
 
     ours = oip_grpc._pool
-    for rpc, (req, resp) in oip_grpc.METHODS.items():
+    for rpc, (req, resp) in [*oip_grpc.METHODS.items(), *oip_grpc.STREAM_METHODS.items()]:
         for cls in (req, resp):
             name = cls.DESCRIPTOR.name
             assert _fields(cls.DESCRIPTOR) == _fields(service_pb2.DESCRIPTOR.message_types_by_name[name]), name
-    assert ours.FindServiceByName(oip_grpc.SERVICE).methods_by_name.keys() <= \
-        service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name.keys()
+    theirs = service_pb2.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods_by_name
+    for name, method in ours.FindServiceByName(oip_grpc.SERVICE).methods_by_name.items():
+        assert (method.client_streaming, method.server_streaming) == (theirs[name].client_streaming, theirs[name].server_streaming), name
 
 
 def test_health_and_metadata(gc):
@@ -221,3 +224,83 @@ def test_the_standard_health_service_says_what_readiness_says(grpc_server, cnn_p
             time.sleep(0.05)
         not_serving = health_pb2.HealthCheckResponse.NOT_SERVING
         assert check(live.app.state.grpc_port, "") == check(live.app.state.grpc_port, "small_cnn") == not_serving
+
+
+def _stream_inputs(x: np.ndarray) -> list[Any]:
+    inp = grpcclient.InferInput("image", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x)
+    return [inp]
+
+
+def test_a_stream_of_inferences_answers_each_and_one_failure_does_not_end_it(grpc_server, cnn_model):
+    """tritonclient.grpc's streaming API (Triton's ModelStreamInfer): every request answered on the
+    stream with its own id and the engine's outputs (within the host's fp32 tolerance: requests that
+    queued together ran as one batch); a request with a wrong shape is answered with its error while
+    the ones after it are still served."""
+    got: dict[str, Any] = {}
+    errors: list[InferenceServerException] = []
+    done = threading.Semaphore(0)
+
+    def on_answer(result: Any, error: Any) -> None:
+        if error is not None:
+            errors.append(error)
+        else:
+            got[result.get_response().id] = result.as_numpy("output_0")
+        done.release()
+
+    xs = {f"r{i}": cnn_input(1 + i % 3, seed=i) for i in range(8)}
+    c = grpcclient.InferenceServerClient(f"127.0.0.1:{grpc_server.app.state.grpc_port}")
+    try:
+        c.start_stream(callback=on_answer)
+        for i, (rid, x) in enumerate(xs.items()):
+            c.async_stream_infer("small_cnn", _stream_inputs(x), request_id=rid)
+            if i == 3:
+                c.async_stream_infer("small_cnn", _stream_inputs(np.zeros((1, 8, 8, 3), np.float32)), request_id="bad")
+        for _ in range(len(xs) + 1):
+            assert done.acquire(timeout=30), f"answers so far: {sorted(got)}, errors {errors}"
+        c.stop_stream()
+    finally:
+        c.close()
+    assert sorted(got) == sorted(xs)
+    tol = TOLERANCES[("fp32", "host")]
+    for rid, x in xs.items():
+        np.testing.assert_allclose(got[rid], cnn_model.predict({"image": x})["output_0"], rtol=tol, atol=tol, err_msg=rid)
+    assert len(errors) == 1 and "image" in errors[0].message() and "shape" in errors[0].message()
+
+
+def test_a_stream_of_inferences_is_batched_as_separate_calls_are(cnn_model):
+    """Requests sent on one stream while the model is busy queue and run together, as they would
+    from separate clients: the stream does not wait for each answer before starting the next."""
+    gated = GatedModel(cnn_model)
+    config = ServingConfig(batcher=BatcherConfig(max_batch_size=8), grpc_port=0)
+    answers: list[Any] = []
+    all_in = threading.Event()
+
+    def on_answer(result: Any, error: Any) -> None:
+        answers.append(error or result.get_response().id)
+        if len(answers) == 6:
+            all_in.set()
+
+    with LiveServer(create_app(config=config, models=[gated])) as live:
+        live.wait_ready()
+        gated.armed = True
+        before = len(gated.calls)  # loading runs the model too
+        c = grpcclient.InferenceServerClient(f"127.0.0.1:{live.app.state.grpc_port}")
+        try:
+            c.start_stream(callback=on_answer)
+            c.async_stream_infer("small_cnn", _stream_inputs(cnn_input(1)), request_id="first")
+            assert gated.entered.wait(10)
+            for i in range(5):
+                c.async_stream_infer("small_cnn", _stream_inputs(cnn_input(1, seed=i)), request_id=f"then{i}")
+            deadline = time.monotonic() + 10
+            while live.registry.get("small_cnn").batcher.queued < 5 and time.monotonic() < deadline:
+                time.sleep(0.02)
+            gated.gate.set()
+            assert all_in.wait(30), answers
+            c.stop_stream()
+        finally:
+            gated.gate.set()
+            c.close()
+    assert answers == ["first", *(f"then{i}" for i in range(5))]
+    first, batch = gated.calls[before:]  # two runs, the second holding all five (padded to a planned size)
+    assert first == 1 and batch >= 5
