@@ -91,6 +91,8 @@ class InferenceService:
         try:
             return ModelStreamInferResponse(infer_response=await self.ModelInfer(request, None))
         except ServingError as e:
+            if e.status == 500:
+                log(logger, logging.WARNING, "inference failed", rpc="ModelStreamInfer", error=e.message)
             return ModelStreamInferResponse(error_message=e.message)
 
 
