@@ -98,12 +98,13 @@ def take_messages(body: bytearray) -> list[tuple[int, bytes]]:
     removed from it; a message still arriving stays."""
     out: list[tuple[int, bytes]] = []
     at = 0
-    while len(body) - at >= 5:
-        compressed, n = MESSAGE_PREFIX.unpack_from(body, at)
-        if len(body) - at < 5 + n:
-            break
-        out.append((compressed, bytes(body[at + 5:at + 5 + n])))
-        at += 5 + n
+    with memoryview(body) as view:  # each message copied once, out of the body (a slice of it would copy twice)
+        while len(view) - at >= 5:
+            compressed, n = MESSAGE_PREFIX.unpack_from(view, at)
+            if len(view) - at < 5 + n:
+                break
+            out.append((compressed, bytes(view[at + 5:at + 5 + n])))
+            at += 5 + n
     if at:
         del body[:at]
     return out

@@ -10,11 +10,12 @@ from typing import Any, AsyncIterator, Sequence
 from google.protobuf import descriptor_pb2
 
 from . import _pool, message_class, proto_field
+from .grpc_wire import STATUS
 
 VERSIONS = ("grpc.reflection.v1", "grpc.reflection.v1alpha")
 SERVICE_NAME = "ServerReflection"
 METHOD = "ServerReflectionInfo"
-NOT_FOUND, INVALID_ARGUMENT = 5, 3  # the gRPC status codes an ErrorResponse carries
+NOT_FOUND, INVALID_ARGUMENT = STATUS["NOT_FOUND"], STATUS["INVALID_ARGUMENT"]  # what an ErrorResponse carries
 
 _S, _B, _I32, _MSG = (descriptor_pb2.FieldDescriptorProto.TYPE_STRING, descriptor_pb2.FieldDescriptorProto.TYPE_BYTES,
                       descriptor_pb2.FieldDescriptorProto.TYPE_INT32, descriptor_pb2.FieldDescriptorProto.TYPE_MESSAGE)
