@@ -25,9 +25,10 @@ from kubetrt.telemetry.logs import log
 from . import oip, tfserving
 from .calls import lookup, tracked
 from .infer_route import InferRoute, read_body
-from .errors import ServingError, Unavailable, error_response
+from .errors import BadRequest, ServingError, Unavailable, error_response
 from .metrics import CONTENT_TYPE, ServingMetrics
 from .registry import ModelLike, ModelRegistry, ModelSource, ServingConfig
+from .shared_memory import SharedMemoryRegions, regions_or_refuse
 
 logger = logging.getLogger("kubetrt.serving")
 
@@ -62,6 +63,7 @@ def create_app(
         registry.add_source(p if isinstance(p, ModelSource) else ModelSource.local(p))
     for m in models:
         registry.add_model(m)
+    regions = SharedMemoryRegions() if config.shared_memory else None
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -69,7 +71,7 @@ def create_app(
         if config.grpc_port is not None:
             from .oip_grpc.server import create_grpc_server  # the gRPC protocol loads only where it serves
 
-            grpc_server = create_grpc_server(registry, config)
+            grpc_server = create_grpc_server(registry, config, regions)
             app.state.grpc_port = await grpc_server.start(config.grpc_host, config.grpc_port)
             log(logger, logging.INFO, "gRPC endpoint up", address=f"{config.grpc_host}:{app.state.grpc_port}")
         # Load after startup so liveness answers while models load; readiness waits for them.
@@ -82,6 +84,8 @@ def create_app(
             if not loading.done():
                 loading.cancel()
             await asyncio.to_thread(registry.close)
+            if regions is not None:
+                regions.unregister()
 
     app = ServingApp(title="kubetrt serving", version=kubetrt.__version__, lifespan=lifespan)
     app.state.registry = registry
@@ -89,9 +93,10 @@ def create_app(
     app.state.config = config
     app.state.grpc_port = None
     _install_error_handlers(app)
-    _add_oip_routes(app, registry, config)
+    _add_oip_routes(app, registry, config, regions)
+    _add_shared_memory_routes(app, regions, config)
     _add_tfserving_routes(app, registry, config)
-    app.infer_route = InferRoute(functools.partial(FastAPI.__call__, app), registry, config)
+    app.infer_route = InferRoute(functools.partial(FastAPI.__call__, app), registry, config, regions)
 
     @app.get("/metrics")
     async def prometheus_metrics() -> Response:
@@ -117,10 +122,13 @@ async def read_request_body(request: Request, limit: int) -> bytes:
     return await read_body(request.receive, request.headers.get("content-length"), limit)
 
 
-def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig) -> None:
+def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig,
+                    regions: SharedMemoryRegions | None) -> None:
+    extensions = ["binary_tensor_data", *(["system_shared_memory"] if regions is not None else [])]
+
     @app.get("/v2")
     async def server_metadata() -> Response:
-        return _json({"name": "kubetrt", "version": kubetrt.__version__, "extensions": ["binary_tensor_data"]})
+        return _json({"name": "kubetrt", "version": kubetrt.__version__, "extensions": extensions})
 
     @app.get("/v2/health/live")
     async def live() -> Response:
@@ -158,6 +166,35 @@ def _add_oip_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig
         return _json({"name": s.name, "ready": True})
 
     # POST /v2/models/{name}[/versions/{version}]/infer: serving/infer_route.py, ahead of the app
+
+
+def _add_shared_memory_routes(app: FastAPI, regions: SharedMemoryRegions | None, config: ServingConfig) -> None:
+    """Triton's system shared memory extension (shared_memory.py), as tritonclient.http calls it."""
+    @app.get("/v2/systemsharedmemory/status")
+    @app.post("/v2/systemsharedmemory/status")
+    @app.get("/v2/systemsharedmemory/region/{name}/status")
+    @app.post("/v2/systemsharedmemory/region/{name}/status")
+    async def status(name: str | None = None) -> Response:
+        return _json([r.status() for r in regions_or_refuse(regions, "shared memory status").status(name)])
+
+    @app.post("/v2/systemsharedmemory/region/{name}/register")
+    async def register(request: Request, name: str) -> Response:
+        found = regions_or_refuse(regions, f"registering region {name!r}")
+        body = await read_request_body(request, config.max_body_bytes)
+        try:
+            doc = json.loads(body)
+        except ValueError as e:
+            raise BadRequest(f"registering region {name!r}: malformed JSON ({e})") from None
+        if not isinstance(doc, dict):
+            raise BadRequest(f"registering region {name!r}: expected an object with key, offset and byte_size")
+        found.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+        return _json({})
+
+    @app.post("/v2/systemsharedmemory/unregister")
+    @app.post("/v2/systemsharedmemory/region/{name}/unregister")
+    async def unregister(name: str | None = None) -> Response:
+        regions_or_refuse(regions, "unregistering shared memory").unregister(name)
+        return _json({})
 
 
 def _add_tfserving_routes(app: FastAPI, registry: ModelRegistry, config: ServingConfig) -> None:

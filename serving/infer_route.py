@@ -16,6 +16,7 @@ from . import oip
 from .calls import lookup, tracked
 from .errors import BadRequest, MethodNotAllowed, PayloadTooLarge, ServingError, error_body
 from .registry import ModelRegistry, ServingConfig, timeout_from_params
+from .shared_memory import SharedMemoryRegions
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -71,8 +72,9 @@ async def read_body(receive: Receive, declared: str | None, limit: int) -> bytes
 
 
 class InferRoute:
-    def __init__(self, app: ASGIApp, registry: ModelRegistry, config: ServingConfig) -> None:
-        self.app, self.registry, self.config = app, registry, config
+    def __init__(self, app: ASGIApp, registry: ModelRegistry, config: ServingConfig,
+                 regions: SharedMemoryRegions | None = None) -> None:
+        self.app, self.registry, self.config, self.regions = app, registry, config, regions
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         target = infer_target(scope["path"]) if scope["type"] == "http" else None
@@ -112,13 +114,14 @@ class InferRoute:
             body = await read_body(receive, declared.decode("latin-1") if declared is not None else None,
                                    self.config.max_body_bytes)
             header_length = _header_length(raw_header_length)
-            decode = functools.partial(oip.decode_infer_request, body, header_length, served.inputs, served.outputs)
+            decode = functools.partial(oip.decode_infer_request, body, header_length, served.inputs, served.outputs,
+                                       self.regions)
             if (len(body) if header_length is None else header_length) >= OFFLOAD_BYTES:
                 req = await asyncio.get_running_loop().run_in_executor(_codec_pool, decode)
             else:
                 req = decode()
             results = await served.infer(req.feeds, timeout_from_params(req.parameters))
-            return oip.encode_infer_response(served.name, served.version, req, results)
+            return oip.encode_infer_response(served.name, served.version, req, results, self.regions)
 
         return await tracked(served, handle)
 

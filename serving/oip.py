@@ -4,11 +4,13 @@ Pure functions with no web framework in sight, so they are tested directly and t
 thin. Supports JSON tensors (flat or nested `data`) and the binary tensor extension: the body is a
 JSON header of `Inference-Header-Content-Length` bytes followed by raw tensor blobs in input order
 (`parameters.binary_data_size`), answered the same way for outputs that ask for `binary_data`.
+Tensors may also lie in registered shared memory regions (shared_memory.py), named by their
+parameters; such outputs are written there and the answer names the region.
 """
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -18,6 +20,7 @@ from kubetrt.runtime.package import TensorSpec
 
 from . import json_arrays
 from .errors import BadRequest
+from .shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, TensorRef, regions_or_refuse, tensor_ref
 from .tensors import OIP_TO_NUMPY, array_from_json, element_count, json_value, oip_datatype
 
 HEADER_LENGTH = "inference-header-content-length"
@@ -30,6 +33,7 @@ class InferRequest:
     feeds: dict[str, np.ndarray]
     outputs: list[tuple[str, bool]]  # (name, binary) in response order
     parameters: dict[str, Any]
+    shared_outputs: dict[str, TensorRef] = field(default_factory=dict)  # outputs asked into shared memory
 
 
 def decode_infer_request(
@@ -37,8 +41,10 @@ def decode_infer_request(
     header_length: int | None,
     inputs: Sequence[TensorSpec],
     outputs: Sequence[TensorSpec],
+    regions: SharedMemoryRegions | None = None,
 ) -> InferRequest:
-    """Parse and type-check an infer request against the model's signature (names, datatypes)."""
+    """Parse and type-check an infer request against the model's signature (names, datatypes);
+    `regions`: the registered shared memory, None where the server has it off."""
     if header_length is not None:
         if header_length < 0 or header_length > len(body):
             raise BadRequest(
@@ -76,7 +82,12 @@ def decode_infer_request(
         shape = check_shape(t.get("shape"), what)
         tparams = _params(t.get("parameters"), f"{what} 'parameters'")
         size = tparams.get("binary_data_size")
-        if size is not None:
+        ref = tensor_ref(tparams, what)
+        if ref is not None:
+            if "data" in t or size is not None:
+                raise BadRequest(f"{what}: names a shared memory region and also carries its data")
+            arr = from_shared_memory(regions, ref, dtype, shape, what)
+        elif size is not None:
             if "data" in t:
                 raise BadRequest(f"{what}: has both 'data' and binary_data_size")
             if not isinstance(size, int) or isinstance(size, bool) or size < 0:
@@ -103,7 +114,42 @@ def decode_infer_request(
     binary_default = params.get("binary_data_output", False)
     if not isinstance(binary_default, bool):
         raise BadRequest("parameter binary_data_output must be true or false")
-    return InferRequest(req_id, feeds, _requested_outputs(doc.get("outputs"), outputs, binary_default), params)
+    requested, shared = _requested_outputs(doc.get("outputs"), outputs, binary_default, regions)
+    return InferRequest(req_id, feeds, requested, params, shared)
+
+
+def from_shared_memory(regions: SharedMemoryRegions | None, ref: TensorRef, dtype: np.dtype,
+                       shape: tuple[int, ...], what: str) -> np.ndarray:
+    """An input that lies in a registered region, as a view of it (every transport's one read)."""
+    found = regions_or_refuse(regions, what).read(ref, what)
+    need = element_count(shape) * dtype.itemsize
+    if dtype.kind != "O" and ref.byte_size != need:
+        raise BadRequest(f"{what}: shape {list(shape)} of {oip_datatype(dtype)} needs {need} bytes, "
+                         f"its {BYTE_SIZE} is {ref.byte_size}")
+    return from_raw(found, dtype, shape, what)
+
+
+def shared_output(regions: SharedMemoryRegions | None, name: str, params: Mapping[str, Any]) -> TensorRef | None:
+    """Where an output is asked into shared memory (checked to lie in its region), else None."""
+    what = f"output {name!r}"
+    ref = tensor_ref(params, what)
+    if ref is None:
+        return None
+    if params.get("binary_data") is True:
+        raise BadRequest(f"{what}: asks for binary_data and for a shared memory region; expected one of the two")
+    regions_or_refuse(regions, what).check_room(ref, what)
+    return ref
+
+
+def write_shared_output(regions: SharedMemoryRegions | None, name: str, ref: TensorRef,
+                        arr: np.ndarray) -> dict[str, Any]:
+    """An output's bytes into the region it was asked into -> the parameters that say where."""
+    blob = to_raw(arr)
+    regions_or_refuse(regions, f"output {name!r}").write(ref, blob, f"output {name!r}")
+    where: dict[str, Any] = {REGION: ref.region, BYTE_SIZE: len(blob)}
+    if ref.offset:
+        where[OFFSET] = ref.offset
+    return where
 
 
 def input_dtype(specs: Mapping[str, TensorSpec], feeds: Mapping[str, Any], name: str, datatype: Any) -> np.dtype:
@@ -180,19 +226,23 @@ def pack_bytes(arr: np.ndarray) -> bytes:
     return b"".join(parts)
 
 
-def _requested_outputs(raw: Any, outputs: Sequence[TensorSpec], binary_default: bool) -> list[tuple[str, bool]]:
+def _requested_outputs(raw: Any, outputs: Sequence[TensorSpec], binary_default: bool,
+                       regions: SharedMemoryRegions | None) -> tuple[list[tuple[str, bool]], dict[str, TensorRef]]:
     names = [t.name for t in outputs]
     if raw is None:
-        return [(n, binary_default) for n in names]
+        return [(n, binary_default) for n in names], {}
     if not isinstance(raw, list):
         raise BadRequest(f"'outputs' must be a list, got {type(raw).__name__}")
-    result = []
+    result, shared = [], {}
     for i, o in enumerate(raw):
         if not isinstance(o, dict) or not isinstance(o.get("name"), str):
             raise BadRequest(f"outputs[{i}] must be an object with a string 'name'")
         p = _params(o.get("parameters"), f"output {o['name']!r} 'parameters'")
         result.append(requested_output(o["name"], p, names, binary_default))
-    return result
+        ref = shared_output(regions, o["name"], p)
+        if ref is not None:
+            shared[o["name"]] = ref
+    return result, shared
 
 
 def requested_output(name: str, params: Mapping[str, Any], names: Sequence[str], binary_default: bool) -> tuple[str, bool]:
@@ -219,14 +269,19 @@ def encode_infer_response(
     model_version: str,
     request: InferRequest,
     results: Mapping[str, np.ndarray],
+    regions: SharedMemoryRegions | None = None,
 ) -> tuple[bytes, int | None]:
-    """-> (body, Inference-Header-Content-Length or None when every output is JSON)."""
+    """-> (body, Inference-Header-Content-Length or None when every output is JSON); outputs asked
+    into shared memory are written there."""
     out_docs = []
     blobs: list[bytes] = []
     for name, binary in request.outputs:
         arr = np.asarray(results[name])
         doc: dict[str, Any] = {"name": name, "datatype": oip_datatype(arr.dtype), "shape": list(arr.shape)}
-        if binary:
+        ref = request.shared_outputs.get(name)
+        if ref is not None:
+            doc["parameters"] = write_shared_output(regions, name, ref, arr)
+        elif binary:
             blob = to_raw(arr)
             doc["parameters"] = {"binary_data_size": len(blob)}
             blobs.append(blob)

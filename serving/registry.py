@@ -67,6 +67,7 @@ class ServingConfig:
     grpc_port: int | None = None  # the OIP gRPC endpoint's port (0: any free one); None: no gRPC
     grpc_host: str = "127.0.0.1"
     graceful_timeout_s: float = 30.0  # on shutdown, how long in-flight gRPC calls may take
+    shared_memory: bool = False  # Triton's system shared memory extension (shared_memory.py)
 
 
 HELDOUT_CHECK_SAMPLES = 64  # enough to catch a broken engine at load, few enough to load fast

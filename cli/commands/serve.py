@@ -43,6 +43,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--grpc-port", type=int, default=8081,
                    help="port of the OIP gRPC endpoint (inference.GRPCInferenceService); 0: any free port")
     p.add_argument("--no-grpc", action="store_true", help="serve REST only")
+    p.add_argument("--shared-memory", action="store_true",
+                   help="Triton's system shared memory extension: clients on this host (a sidecar in the pod) "
+                        "register regions of POSIX shared memory and name them instead of sending tensors; "
+                        "whoever reaches the endpoints can then have the server read and write those objects")
     p.add_argument("--device", default="auto", choices=("auto", "host", "cuda", "tensorrt"),
                    help="device runtime; auto lets the runtime pick the best one on this node")
     p.add_argument("--max-batch-size", type=_positive, default=32, help="1 turns dynamic batching off")
@@ -124,6 +128,7 @@ def run(args: argparse.Namespace) -> int:
         grpc_port=None if args.no_grpc else args.grpc_port,
         grpc_host=args.host,
         graceful_timeout_s=args.graceful_timeout_s,
+        shared_memory=args.shared_memory,
     )
     app = create_app(model_sources(args), config)
     return serve(uvicorn_config(app, args.host, args.port, verbose=args.verbose,

@@ -45,6 +45,9 @@ ModelInferRequest = message_class("ModelInferRequest")
 ModelInferResponse = message_class("ModelInferResponse")
 
 ModelStreamInferResponse = message_class("ModelStreamInferResponse")
+SystemSharedMemoryStatusResponse = message_class("SystemSharedMemoryStatusResponse")
+SystemSharedMemoryRegisterResponse = message_class("SystemSharedMemoryRegisterResponse")
+SystemSharedMemoryUnregisterResponse = message_class("SystemSharedMemoryUnregisterResponse")
 
 
 def _methods(streaming: bool) -> dict[str, tuple[Any, Any]]:

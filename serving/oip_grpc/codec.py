@@ -1,6 +1,9 @@
 """OIP gRPC codec: a ModelInferRequest becomes the same oip.InferRequest a REST body does, checked by
 the same functions, and outputs go back as raw_output_contents (what Triton answers, and what
-tritonclient and KServe's clients read first). Pure functions, as serving/oip.py."""
+tritonclient and KServe's clients read first). Inputs and outputs in shared memory as REST's
+are; raw contents go to the inputs that name no region, in order, and an output written to a
+region keeps its place in raw_output_contents with no bytes, as Triton answers. Pure functions,
+as serving/oip.py."""
 from __future__ import annotations
 
 from typing import Any, Mapping, NamedTuple, Sequence
@@ -11,6 +14,7 @@ from kubetrt.runtime.package import TensorSpec
 
 from .. import oip
 from ..errors import BadRequest
+from ..shared_memory import SharedMemoryRegions, tensor_ref
 from ..tensors import array_from_json, element_count, oip_datatype
 from . import ModelInferRequest, ModelInferResponse, ModelMetadataResponse
 
@@ -100,31 +104,45 @@ def _varint(data: memoryview, at: int) -> tuple[int, int]:
             raise IndexError("a varint longer than ten bytes")
 
 
-def decode_infer_request(request: InferMessage, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec]) -> oip.InferRequest:
+def decode_infer_request(request: InferMessage, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec],
+                         regions: SharedMemoryRegions | None = None) -> oip.InferRequest:
     msg, raw = request
     if not msg.inputs:
         raise BadRequest("'inputs' must be a non-empty list of tensors")
-    if raw and len(raw) != len(msg.inputs):
-        raise BadRequest(f"raw_input_contents has {len(raw)} buffers for {len(msg.inputs)} inputs; "
-                         "expected one per input, in input order")
+    refs = [tensor_ref(parameters(t.parameters), f"input {t.name!r}") for t in msg.inputs]
+    if raw and len(raw) != refs.count(None):
+        raise BadRequest(f"raw_input_contents has {len(raw)} buffers for {refs.count(None)} inputs not in shared "
+                         "memory; expected one per such input, in input order")
     specs = {t.name: t for t in inputs}
     feeds: dict[str, np.ndarray] = {}
-    for i, t in enumerate(msg.inputs):
+    next_raw = iter(raw)
+    for t, ref in zip(msg.inputs, refs):
         what = f"input {t.name!r}"
         dtype = oip.input_dtype(specs, feeds, t.name, t.datatype)
         shape = oip.check_shape(list(t.shape), what)
-        if raw:
+        if ref is not None:
+            if t.HasField("contents"):
+                raise BadRequest(f"{what}: names a shared memory region and also carries contents")
+            feeds[t.name] = oip.from_shared_memory(regions, ref, dtype, shape, what)
+        elif raw:
             if t.HasField("contents"):
                 raise BadRequest(f"{what}: has both contents and raw_input_contents")
-            feeds[t.name] = oip.from_raw(raw[i], dtype, shape, what)
+            feeds[t.name] = oip.from_raw(next(next_raw), dtype, shape, what)
         else:
             feeds[t.name] = _from_contents(t, dtype, shape, what)
     names = [o.name for o in outputs]
+    shared = {}
     if msg.outputs:
-        requested = [oip.requested_output(o.name, parameters(o.parameters), names, True) for o in msg.outputs]
+        requested = []
+        for o in msg.outputs:
+            params = parameters(o.parameters)
+            requested.append(oip.requested_output(o.name, params, names, True))
+            ref = oip.shared_output(regions, o.name, params)
+            if ref is not None:
+                shared[o.name] = ref
     else:
         requested = [(n, True) for n in names]
-    return oip.InferRequest(msg.id or None, feeds, requested, parameters(msg.parameters))
+    return oip.InferRequest(msg.id or None, feeds, requested, parameters(msg.parameters), shared)
 
 
 def _from_contents(t: Any, dtype: np.dtype, shape: tuple[int, ...], what: str) -> np.ndarray:
@@ -143,7 +161,7 @@ def _from_contents(t: Any, dtype: np.dtype, shape: tuple[int, ...], what: str) -
 
 
 def encode_infer_response(model_name: str, model_version: str, request: oip.InferRequest,
-                          results: Mapping[str, np.ndarray]) -> Any:
+                          results: Mapping[str, np.ndarray], regions: SharedMemoryRegions | None = None) -> Any:
     resp = ModelInferResponse(model_name=model_name, model_version=model_version, id=request.id or "")
     for name, _ in request.outputs:
         arr = np.asarray(results[name])
@@ -151,7 +169,16 @@ def encode_infer_response(model_name: str, model_version: str, request: oip.Infe
         out.name = name
         out.datatype = oip_datatype(arr.dtype)
         out.shape.extend(arr.shape)
-        resp.raw_output_contents.append(oip.to_raw(arr))
+        ref = request.shared_outputs.get(name)
+        if ref is None:
+            resp.raw_output_contents.append(oip.to_raw(arr))
+            continue
+        for key, value in oip.write_shared_output(regions, name, ref, arr).items():
+            if isinstance(value, str):
+                out.parameters[key].string_param = value
+            else:
+                out.parameters[key].int64_param = value
+        resp.raw_output_contents.append(b"")
     return resp
 
 

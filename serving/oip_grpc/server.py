@@ -15,9 +15,11 @@ from kubetrt.telemetry.logs import log
 from ..calls import lookup, tracked
 from ..errors import ServingError
 from ..registry import ModelRegistry, ServingConfig, timeout_from_params
+from ..shared_memory import SharedMemoryRegions, regions_or_refuse
 from . import (
     METHODS, SERVICE, STREAM_METHODS, ModelInferRequest, ModelReadyResponse, ModelStreamInferResponse, ServerLiveResponse,
-    ServerMetadataResponse, ServerReadyResponse, codec, health, reflection,
+    ServerMetadataResponse, ServerReadyResponse, SystemSharedMemoryRegisterResponse, SystemSharedMemoryStatusResponse,
+    SystemSharedMemoryUnregisterResponse, codec, health, reflection,
 )
 from .grpc_wire import RpcError
 from .http2 import GrpcServer, Streaming, Unary
@@ -30,8 +32,9 @@ class InferenceService:
     """One method per rpc of inference.GRPCInferenceService: (request, seconds left before the
     client's deadline or None) -> response."""
 
-    def __init__(self, registry: ModelRegistry) -> None:
+    def __init__(self, registry: ModelRegistry, regions: SharedMemoryRegions | None = None) -> None:
         self.registry = registry
+        self.regions = regions
 
     async def ServerLive(self, request: Any, remaining: float | None) -> Any:
         return ServerLiveResponse(live=True)
@@ -53,14 +56,29 @@ class InferenceService:
         served = lookup(self.registry, request.msg.model_name, request.msg.model_version or None)
 
         async def handle() -> Any:
-            req = codec.decode_infer_request(request, served.inputs, served.outputs)
+            req = codec.decode_infer_request(request, served.inputs, served.outputs, self.regions)
             timeout = timeout_from_params(req.parameters)
             if remaining is not None:  # the client's deadline, where it set one
                 timeout = remaining if timeout is None else min(timeout, remaining)
             results = await served.infer(req.feeds, timeout)
-            return codec.encode_infer_response(served.name, served.version, req, results)
+            return codec.encode_infer_response(served.name, served.version, req, results, self.regions)
 
         return await tracked(served, handle)
+
+    async def SystemSharedMemoryStatus(self, request: Any, remaining: float | None) -> Any:
+        response = SystemSharedMemoryStatusResponse()
+        for region in regions_or_refuse(self.regions, "shared memory status").status(request.name):
+            response.regions[region.name].CopyFrom(SystemSharedMemoryStatusResponse.RegionStatus(**region.status()))
+        return response
+
+    async def SystemSharedMemoryRegister(self, request: Any, remaining: float | None) -> Any:
+        regions_or_refuse(self.regions, f"registering region {request.name!r}").register(
+            request.name, request.key, request.offset, request.byte_size)
+        return SystemSharedMemoryRegisterResponse()
+
+    async def SystemSharedMemoryUnregister(self, request: Any, remaining: float | None) -> Any:
+        regions_or_refuse(self.regions, "unregistering shared memory").unregister(request.name)
+        return SystemSharedMemoryUnregisterResponse()
 
     async def ModelStreamInfer(self, requests: AsyncIterator[codec.InferMessage], remaining: float | None) -> AsyncIterator[Any]:
         """Triton's stream of inferences: every request starts as it arrives (so those that arrive
@@ -140,10 +158,11 @@ def streaming(method: Callable[[AsyncIterator[Any], "float | None"], AsyncIterat
     return call
 
 
-def create_grpc_server(registry: ModelRegistry, config: ServingConfig) -> GrpcServer:
+def create_grpc_server(registry: ModelRegistry, config: ServingConfig,
+                       regions: SharedMemoryRegions | None = None) -> GrpcServer:
     """An unstarted server of the OIP service's methods, the health service's Check and server
     reflection; `await server.start(host, port)` listens."""
-    service = InferenceService(registry)
+    service = InferenceService(registry, regions)
     parsers = {ModelInferRequest: codec.read_infer_request}  # its raw contents kept as views of the message
     methods = {f"/{SERVICE}/{name}": unary(name, getattr(service, name), request_cls, parsers.get(request_cls))
                for name, (request_cls, _) in METHODS.items()}
