@@ -2,7 +2,7 @@
 model.onnx, driven by external load generators.
 
     bench/peers/setup.sh                       # once: the peers' venvs, wrk and ghz (see there)
-    python bench/serving.py [--models small_cnn mobilenet_v2] [--protocols json,binary,grpc]
+    python bench/serving.py [--models small_cnn mobilenet_v2] [--protocols json,binary,grpc,shm]
                             [--clients 1,16,64] [--seconds 10] [--warmup 3]
                             [--servers kubetrt,mlserver,kserve,triton] [--rounds 1]
 
@@ -27,7 +27,12 @@ Protocols, all Open Inference Protocol V2 with batch-1 requests pre-encoded once
 - json: REST, the tensor as a flat JSON `data` list (floats as Python's json.dumps writes them);
 - binary: REST with the binary tensor extension (Inference-Header-Content-Length, raw FP32 body,
   binary_data_output asked for); a server that refuses it is printed as not supporting it;
-- grpc: inference.GRPCInferenceService/ModelInfer with raw_input_contents.
+- grpc: inference.GRPCInferenceService/ModelInfer with raw_input_contents;
+- shm: REST JSON naming Triton system shared memory regions for the input and the outputs (two
+  POSIX shared memory objects, the input written into one, registered with each server before its
+  cells; Triton takes one region per object): what a client on the same host sends when the
+  tensors need not cross the socket.
+  kubetrt serve runs with --shared-memory; a server without the extension is printed as such.
 REST load comes from wrk (one thread, N connections, a Lua script POSTing the body and counting
 statuses), gRPC load from ghz (N workers on N connections, one CPU, the request message
 binary-encoded, template processing off). Each cell is a warm-up run, then a measured run of --seconds; after each run one
@@ -73,7 +78,8 @@ REPO = HERE.parent
 PEERS_DIR = HERE / "peers"
 CACHE = Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
 MODELS = ("small_cnn", "mobilenet_v2")
-PROTOCOLS = ("json", "binary", "grpc")
+PROTOCOLS = ("json", "binary", "grpc", "shm")
+SHM_IN, SHM_OUT = "bench-in", "bench-out"  # the regions the shm protocol's requests name
 SERVERS = ("kubetrt", "mlserver", "kserve", "triton", "floor")
 FLOOR = "floor"  # no model: the transport alone (peers/transport_floor.py), never a peer to beat
 MAX_BATCH = 32  # rows per batch for the peers that batch (kubetrt serve's default --max-batch-size)
@@ -129,6 +135,14 @@ class Bodies:
     binary: Path
     binary_header_length: int
     grpc: Path
+    shm: Path  # the JSON body naming the regions
+    memory: tuple[Any, Any]  # the shared memory objects (multiprocessing.shared_memory) of the input and the outputs
+    out_offsets: dict[str, int]  # each output's place in its object
+
+    def close(self) -> None:
+        for m in self.memory:
+            m.close()
+            m.unlink()
 
 
 def json_body(model: Model) -> bytes:
@@ -145,6 +159,26 @@ def binary_body(model: Model) -> tuple[bytes, int]:
         "parameters": {"binary_data_output": True},
     }).encode()
     return header + b"".join(model.x[t["name"]].tobytes() for t in model.inputs), len(header)
+
+
+def shm_body(model: Model) -> tuple[bytes, int, dict[str, int]]:
+    """The request naming the input region and the output region -> (body, the inputs' bytes, each
+    output's offset in its region)."""
+    inputs, at = [], 0
+    for t in model.inputs:
+        size = model.x[t["name"]].nbytes
+        inputs.append({"name": t["name"], "shape": list(model.x[t["name"]].shape), "datatype": DTYPES[t["dtype"]],
+                       "parameters": {"shared_memory_region": SHM_IN, "shared_memory_byte_size": size,
+                                      "shared_memory_offset": at}})
+        at += size
+    outputs, out_at, offsets = [], 0, {}
+    for t in model.outputs:
+        size = model.expected[t["name"]].nbytes
+        outputs.append({"name": t["name"], "parameters": {"shared_memory_region": SHM_OUT, "shared_memory_byte_size": size,
+                                                           "shared_memory_offset": out_at}})
+        offsets[t["name"]] = out_at
+        out_at += size
+    return json.dumps({"inputs": inputs, "outputs": outputs}).encode(), at, offsets
 
 
 def _oip_grpc() -> Any:
@@ -184,7 +218,19 @@ def write_bodies(model: Model, folder: Path) -> Bodies:
     binary, header_length = binary_body(model)
     (folder / "request.bin").write_bytes(binary)
     (folder / "request.pb").write_bytes(grpc_request(model))
-    return Bodies(folder / "request.json", folder / "request.bin", header_length, folder / "request.pb")
+    from multiprocessing import shared_memory
+
+    body, in_bytes, out_offsets = shm_body(model)
+    (folder / "request-shm.json").write_bytes(body)
+    out_bytes = sum(model.expected[t["name"]].nbytes for t in model.outputs)
+    def made(part: str, size: int) -> shared_memory.SharedMemory:
+        return shared_memory.SharedMemory(f"kubetrt-bench-{os.getpid()}-{model.name}-{part}", create=True, size=size)
+
+    memory = (made("in", in_bytes), made("out", out_bytes))
+    np.frombuffer(memory[0].buf, np.uint8)[:] = np.frombuffer(  # type: ignore[arg-type]
+        b"".join(model.x[t["name"]].tobytes() for t in model.inputs), np.uint8)
+    return Bodies(folder / "request.json", folder / "request.bin", header_length, folder / "request.pb",
+                  folder / "request-shm.json", memory, out_offsets)
 
 
 # --------------------------------------------------------------------------- servers
@@ -237,6 +283,8 @@ class Server:
                 cmd += ["--grpc-port", str(self.grpc_port)]
             else:
                 self.grpc, self.grpc_missing = False, "kubetrt serve has no --grpc-port yet"
+            if "--shared-memory" in help_text:
+                cmd += ["--shared-memory"]
             return cmd, dict(os.environ)
         if self.kind == "mlserver":
             models = work / "models"
@@ -358,6 +406,21 @@ def check(server: Server, protocol: str, bodies: Bodies) -> str:
             with grpc.insecure_channel(f"127.0.0.1:{server.grpc_port}") as channel:
                 call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
                 got = grpc_outputs(call(bodies.grpc.read_bytes(), timeout=60))
+        elif protocol == "shm":
+            base = f"http://127.0.0.1:{server.http_port}/v2/systemsharedmemory/region"
+            for region, memory in zip((SHM_IN, SHM_OUT), bodies.memory):
+                r = httpx.post(f"{base}/{region}/register", timeout=60,
+                               json={"key": f"/{memory.name}", "offset": 0, "byte_size": memory.size})
+                if r.status_code != 200:
+                    return f"no system shared memory extension (HTTP {r.status_code}: {r.text.splitlines()[-1][:120] if r.text else ''})"
+            out = bodies.memory[1]
+            np.frombuffer(out.buf, np.uint8)[:] = 0  # no answer left from another server
+            r = httpx.post(f"http://127.0.0.1:{server.http_port}/v2/models/{model.name}/infer", timeout=60,
+                           content=bodies.shm.read_bytes(), headers={"Content-Type": "application/json"})
+            if r.status_code != 200:
+                raise RuntimeError(f"HTTP {r.status_code}: {r.content[:300]!r}")
+            got = {name: np.frombuffer(out.buf, "<f4", model.expected[name].size, offset).copy()
+                   for name, offset in bodies.out_offsets.items()}
         else:
             url = f"http://127.0.0.1:{server.http_port}/v2/models/{model.name}/infer"
             if protocol == "json":
@@ -493,8 +556,8 @@ def wrk_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
              work: Path) -> None:
     lua = work / "post.lua"
     lua.write_text(WRK_LUA)
-    body, ctype, hlen = ((bodies.json, "application/json", "") if cell.protocol == "json"
-                         else (bodies.binary, "application/octet-stream", str(bodies.binary_header_length)))
+    body, ctype, hlen = {"json": (bodies.json, "application/json", ""), "shm": (bodies.shm, "application/json", ""),
+                         "binary": (bodies.binary, "application/octet-stream", str(bodies.binary_header_length))}[cell.protocol]
     env = dict(os.environ, BENCH_BODY=str(body), BENCH_CONTENT_TYPE=ctype, BENCH_HEADER_LENGTH=hlen)
     url = f"http://127.0.0.1:{server.http_port}/v2/models/{cell.model}/infer"
 
@@ -714,7 +777,7 @@ def csv_list(kind: Callable[[str], Any], allowed: tuple[str, ...] | None = None)
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
-    p.add_argument("--protocols", type=csv_list(str, PROTOCOLS), default=list(PROTOCOLS), help="json,binary,grpc")
+    p.add_argument("--protocols", type=csv_list(str, PROTOCOLS), default=list(PROTOCOLS), help=",".join(PROTOCOLS))
     p.add_argument("--clients", type=csv_list(int), default=[1, 16, 64], help="concurrent connections per cell")
     p.add_argument("--servers", type=csv_list(str, SERVERS), default=list(SERVERS), help=",".join(SERVERS))
     p.add_argument("--seconds", type=float, default=10.0, help="measured seconds per cell")
@@ -741,18 +804,21 @@ def main(argv: list[str] | None = None) -> int:
             model = load_model(name)
             bodies = write_bodies(model, work / name)
             engine_rounds: list[dict[str, float]] = []
-            for r in range(a.rounds):
-                if a.rounds > 1:
-                    progress(f"{name}: round {r + 1} of {a.rounds}")
-                engine_rounds.append(engine_p50_ms(model, a.device))
-                progress(f"{name} batch 1 in-process p50: "
-                         + ", ".join(f"{k} {v:.3f} ms" for k, v in engine_rounds[-1].items()))
-                for kind in a.servers:
-                    server_dir = work / name / f"{kind}-{r}"
-                    server_dir.mkdir(parents=True, exist_ok=True)
-                    for cell in serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
-                                                  a.timeout, server_dir, a.device, a.max_batch_size):
-                        by_cell.setdefault((cell.server, cell.model, cell.protocol, cell.clients), []).append(cell)
+            try:
+                for r in range(a.rounds):
+                    if a.rounds > 1:
+                        progress(f"{name}: round {r + 1} of {a.rounds}")
+                    engine_rounds.append(engine_p50_ms(model, a.device))
+                    progress(f"{name} batch 1 in-process p50: "
+                             + ", ".join(f"{k} {v:.3f} ms" for k, v in engine_rounds[-1].items()))
+                    for kind in a.servers:
+                        server_dir = work / name / f"{kind}-{r}"
+                        server_dir.mkdir(parents=True, exist_ok=True)
+                        for cell in serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
+                                                      a.timeout, server_dir, a.device, a.max_batch_size):
+                            by_cell.setdefault((cell.server, cell.model, cell.protocol, cell.clients), []).append(cell)
+            finally:
+                bodies.close()
             # the least over the rounds, as within one: the engine's time where the machine was quiet
             engines[name] = {k: min(e[k] for e in engine_rounds) for k in engine_rounds[0]}
     cells = [combine_rounds(rounds) for rounds in by_cell.values()]

@@ -129,7 +129,7 @@ class SharedMemoryRegions:
         if ref.offset + ref.byte_size > region.byte_size:
             raise BadRequest(f"{what}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the end of "
                              f"region {ref.region!r} ({region.byte_size} bytes)")
-        return region.memory[ref.offset:ref.offset + ref.byte_size]
+        return region.memory[ref.offset:ref.offset + ref.byte_size].toreadonly()  # the client's bytes are not the runtime's to change
 
     def check_room(self, ref: TensorRef, what: str) -> None:
         """That an output's place lies within its region (before the run, so a bad one costs none)."""

@@ -1,12 +1,14 @@
 """NVIDIA Triton (tritonserver as the nvidia-pytriton 0.7.0 wheel carries it) serving model.onnx:
 Triton's C++ HTTP/gRPC front ends and dynamic batcher, the model a Python callable running
-onnxruntime at its defaults (bench/serving.py starts it: settings in KUBETRT_BENCH_PEER)."""
+onnxruntime at its defaults (bench/serving.py starts it: settings in KUBETRT_BENCH_PEER). Its system
+shared memory API is open, as kubetrt serve's is with --shared-memory: pytriton guards it with a token
+by default, beside the other endpoints it still guards."""
 from __future__ import annotations
 
 import numpy as np
 from pytriton.decorators import batch
 from pytriton.model_config import DynamicBatcher, ModelConfig, Tensor
-from pytriton.triton import Triton, TritonConfig
+from pytriton.triton import DEFAULT_PROTECTED_ENDPOINTS, Triton, TritonConfig, TritonSecurityConfig
 
 from _onnx import Session, settings
 
@@ -22,7 +24,8 @@ def main() -> None:
     onnx_outputs = session.session.get_outputs()
     config = TritonConfig(http_address="127.0.0.1", http_port=cfg["http_port"], grpc_address="127.0.0.1",
                           grpc_port=cfg["grpc_port"], metrics_port=cfg["metrics_port"])
-    with Triton(config=config) as triton:
+    guarded = [e for e in DEFAULT_PROTECTED_ENDPOINTS if e != "shared-memory"]
+    with Triton(config=config, security_config=TritonSecurityConfig(restricted_endpoints=guarded)) as triton:
         triton.bind(
             model_name=cfg["name"],
             infer_func=infer,
