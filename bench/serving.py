@@ -407,6 +407,8 @@ def check(server: Server, protocol: str, bodies: Bodies) -> str:
                 call = channel.unary_unary("/inference.GRPCInferenceService/ModelInfer")
                 got = grpc_outputs(call(bodies.grpc.read_bytes(), timeout=60))
         elif protocol == "shm":
+            if server.kind == FLOOR:
+                return "no shared memory: the floor answers outputs it holds, in the body"
             base = f"http://127.0.0.1:{server.http_port}/v2/systemsharedmemory/region"
             for region, memory in zip((SHM_IN, SHM_OUT), bodies.memory):
                 r = httpx.post(f"{base}/{region}/register", timeout=60,

@@ -6,7 +6,9 @@ tensor; an output may be asked into a region too, and the answer carries its nam
 data. Inputs are read as views of the mapping, not copied; outputs are written straight into it.
 
 Off unless the server is started with it (`kubetrt serve --shared-memory`): a registered region
-lets whoever can reach the endpoint have the server read and write that memory object.
+lets whoever can reach the endpoint have the server read and write that memory object. The server
+keeps each object open and checks its size before every read and write: memory past the end of a
+mapping an object no longer covers (a client that shrank it) would kill the process, not fail a request.
 """
 from __future__ import annotations
 
@@ -62,9 +64,28 @@ class Region:
     offset: int  # into the memory object
     byte_size: int
     memory: memoryview  # the region's bytes in the mapping
+    fd: int  # the object, open for its size
 
     def status(self) -> dict[str, Any]:
         return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
+
+    def place(self, ref: TensorRef, what: str) -> memoryview:
+        """The bytes `ref` names, checked to lie in the region and in the object as it is now."""
+        if ref.offset + ref.byte_size > self.byte_size:
+            raise BadRequest(f"{what}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the end of "
+                             f"region {ref.region!r} ({self.byte_size} bytes)")
+        end = self.offset + ref.offset + ref.byte_size
+        try:
+            size = os.fstat(self.fd).st_size
+        except OSError:  # unregistered meanwhile (a codec thread's read)
+            raise BadRequest(f"{what}: region {ref.region!r} was unregistered during the request") from None
+        if end > size:
+            raise BadRequest(f"{what}: region {ref.region!r} needs {self.key!r} to hold {end} bytes; it has "
+                             f"shrunk to {size} since it was registered")
+        return self.memory[ref.offset:ref.offset + ref.byte_size]
+
+    def close(self) -> None:
+        os.close(self.fd)
 
 
 class SharedMemoryRegions:
@@ -99,18 +120,21 @@ class SharedMemoryRegions:
                 raise BadRequest(f"region {name!r}: offset {offset} + byte_size {byte_size} runs past the end of "
                                  f"{key!r} ({info.st_size} bytes)")
             mapping = mmap.mmap(fd, info.st_size) if info.st_size else None
-        finally:
-            os.close(fd)  # the mapping keeps the memory
-        memory = memoryview(mapping)[offset:offset + byte_size] if mapping is not None else memoryview(b"")
-        region = self._regions[name] = Region(name, key, offset, byte_size, memory)
+        except BaseException:
+            os.close(fd)
+            raise
+        memory = memoryview(mapping)[offset:offset + byte_size] if mapping is not None else memoryview(bytearray())
+        region = self._regions[name] = Region(name, key, offset, byte_size, memory, fd)
         return region
 
     def unregister(self, name: str | None = None) -> None:
         """One region, or every one where `name` is None or empty; an unknown name is no error."""
-        if name:
-            self._regions.pop(name, None)
-        else:
+        dropped = [self._regions.pop(name, None)] if name else [*self._regions.values()]
+        if not name:
             self._regions.clear()
+        for region in dropped:
+            if region is not None:
+                region.close()  # the mapping stays while a tensor views it
 
     def status(self, name: str | None = None) -> list[Region]:
         if not name:
@@ -124,28 +148,21 @@ class SharedMemoryRegions:
         return region
 
     def read(self, ref: TensorRef, what: str) -> memoryview:
-        """The bytes an input names, as a view of the mapping."""
-        region = self._lookup(ref, what)
-        if ref.offset + ref.byte_size > region.byte_size:
-            raise BadRequest(f"{what}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the end of "
-                             f"region {ref.region!r} ({region.byte_size} bytes)")
-        return region.memory[ref.offset:ref.offset + ref.byte_size].toreadonly()  # the client's bytes are not the runtime's to change
+        """The bytes an input names, as a read-only view of the mapping (the client's bytes are not
+        the runtime's to change)."""
+        return self._lookup(ref, what).place(ref, what).toreadonly()
 
     def check_room(self, ref: TensorRef, what: str) -> None:
         """That an output's place lies within its region (before the run, so a bad one costs none)."""
-        region = self._lookup(ref, what)
-        if ref.offset + ref.byte_size > region.byte_size:
-            raise BadRequest(f"{what}: {OFFSET} {ref.offset} + {BYTE_SIZE} {ref.byte_size} runs past the end of "
-                             f"region {ref.region!r} ({region.byte_size} bytes)")
+        self._lookup(ref, what).place(ref, what)
 
     def write(self, ref: TensorRef, data: bytes | memoryview, what: str) -> None:
         """An output's bytes into its place; refused where they do not fit it."""
-        self.check_room(ref, what)
+        place = self._lookup(ref, what).place(ref, what)
         if len(data) > ref.byte_size:
             raise BadRequest(f"{what}: its {len(data)} bytes do not fit the {ref.byte_size} bytes of "
                              f"{BYTE_SIZE} given in region {ref.region!r}")
-        region = self._lookup(ref, what)
-        region.memory[ref.offset:ref.offset + len(data)] = data
+        place[:len(data)] = data
 
     def _lookup(self, ref: TensorRef, what: str) -> Region:
         region = self._regions.get(ref.region)

@@ -208,3 +208,23 @@ def test_off_unless_the_server_is_started_with_it(server, regions):
 
 def test_the_server_says_it_has_the_extension(shm_server):
     assert "system_shared_memory" in httpx.get(shm_server.url + "/v2").json()["extensions"]
+
+
+def test_a_shrunk_object_is_refused_not_read_past_its_end(shm_server, cnn_model, regions):
+    """A client that truncates a registered object: the request is refused (reading the mapping past
+    the object's end would kill the server with SIGBUS), and the server goes on."""
+    x = cnn_input(1, seed=2)
+    name, key, handle = regions.make(x.nbytes)
+    shm.set_shared_memory_region(handle, [x])
+    with httpx.Client(base_url=shm_server.url, timeout=30) as c:
+        assert c.post(f"/v2/systemsharedmemory/region/{name}/register",
+                      json={"key": key, "offset": 0, "byte_size": x.nbytes}).status_code == 200
+        try:
+            os.truncate(f"/dev/shm/{name}", 4096)
+            r = c.post("/v2/models/small_cnn/infer", json=_infer_body(name, x.nbytes))
+            assert r.status_code == 400 and "has shrunk to 4096" in r.json()["error"], r.text
+            os.truncate(f"/dev/shm/{name}", x.nbytes)  # grown back: read again (the lost pages read as zeros)
+            r = c.post("/v2/models/small_cnn/infer", json=_infer_body(name, x.nbytes))
+            assert r.status_code == 200, r.text
+        finally:
+            c.post(f"/v2/systemsharedmemory/region/{name}/unregister")
