@@ -130,7 +130,9 @@ async def test_create_build_serve_status_and_delete_with_emulated_gc(
     products = {j["metadata"]["labels"][names.LABEL_TARGET]:
                 j["spec"]["template"]["spec"]["nodeSelector"].get("nvidia.com/gpu.product") for j in jobs.values()}
     assert products == {"h100": "NVIDIA-H100-80GB-HBM3", "t4": "Tesla-T4", "cpu": None}
-    assert "resnet" in objs(api, "services")
+    # the Service comes from the ModelDeployment's handler, the Jobs from the EngineBuilds' it created
+    # first: the two handlers race, so the Service may land after the Jobs
+    await eventually(lambda: "resnet" in objs(api, "services"))
     await eventually(lambda: (condition(api, "resnet", "Progressing") or {}).get("reason") == "EnginesBuilding")
     assert not objs(api, "deployments"), "nothing is served before an engine verified"
 
