@@ -161,9 +161,9 @@ def binary_body(model: Model) -> tuple[bytes, int]:
     return header + b"".join(model.x[t["name"]].tobytes() for t in model.inputs), len(header)
 
 
-def shm_body(model: Model) -> tuple[bytes, int, dict[str, int]]:
-    """The request naming the input region and the output region -> (body, the inputs' bytes, each
-    output's offset in its region)."""
+def shm_body(model: Model) -> tuple[bytes, int, int, dict[str, int]]:
+    """The request naming the input region and the output region -> (body, the inputs' bytes, the
+    outputs' bytes, each output's offset in its region)."""
     inputs, at = [], 0
     for t in model.inputs:
         size = model.x[t["name"]].nbytes
@@ -178,7 +178,7 @@ def shm_body(model: Model) -> tuple[bytes, int, dict[str, int]]:
                                                            "shared_memory_offset": out_at}})
         offsets[t["name"]] = out_at
         out_at += size
-    return json.dumps({"inputs": inputs, "outputs": outputs}).encode(), at, offsets
+    return json.dumps({"inputs": inputs, "outputs": outputs}).encode(), at, out_at, offsets
 
 
 def _oip_grpc() -> Any:
@@ -220,9 +220,8 @@ def write_bodies(model: Model, folder: Path) -> Bodies:
     (folder / "request.pb").write_bytes(grpc_request(model))
     from multiprocessing import shared_memory
 
-    body, in_bytes, out_offsets = shm_body(model)
+    body, in_bytes, out_bytes, out_offsets = shm_body(model)
     (folder / "request-shm.json").write_bytes(body)
-    out_bytes = sum(model.expected[t["name"]].nbytes for t in model.outputs)
     def made(part: str, size: int) -> shared_memory.SharedMemory:
         return shared_memory.SharedMemory(f"kubetrt-bench-{os.getpid()}-{model.name}-{part}", create=True, size=size)
 

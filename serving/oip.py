@@ -21,7 +21,7 @@ from kubetrt.runtime.package import TensorSpec
 from . import json_arrays
 from .errors import BadRequest
 from .shared_memory import BYTE_SIZE, OFFSET, REGION, SharedMemoryRegions, TensorRef, regions_or_refuse, tensor_ref
-from .tensors import OIP_TO_NUMPY, array_from_json, element_count, json_value, oip_datatype
+from .tensors import OIP_TO_NUMPY, array_from_json, element_count, is_count, json_value, oip_datatype
 
 HEADER_LENGTH = "inference-header-content-length"
 MAX_RANK = 32
@@ -90,7 +90,7 @@ def decode_infer_request(
         elif size is not None:
             if "data" in t:
                 raise BadRequest(f"{what}: has both 'data' and binary_data_size")
-            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+            if not is_count(size):
                 raise BadRequest(f"{what}: binary_data_size must be a non-negative integer")
             if offset + size > len(binary):
                 raise BadRequest(
@@ -177,9 +177,7 @@ def _params(p: Any, what: str) -> dict[str, Any]:
 
 
 def check_shape(shape: Any, what: str) -> tuple[int, ...]:
-    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(
-        isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape
-    ):
+    if not isinstance(shape, list) or len(shape) > MAX_RANK or not all(is_count(d) for d in shape):
         raise BadRequest(f"{what}: 'shape' must be a list of at most {MAX_RANK} non-negative integers, got {shape!r}")
     return tuple(shape)
 

@@ -18,9 +18,10 @@ import re
 import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, TypeGuard
+from typing import Any, Mapping
 
 from .errors import BadRequest, NotFound
+from .tensors import is_count
 
 SHM_DIR = Path("/dev/shm")  # where shm_open(3) keeps POSIX shared memory objects on Linux
 # a key is one name in SHM_DIR, with or without shm_open's leading slash: no path in it
@@ -48,13 +49,9 @@ def tensor_ref(params: Mapping[str, Any], what: str) -> TensorRef | None:
     if not isinstance(region, str) or not region:
         raise BadRequest(f"{what}: {REGION} must be a region's name, got {region!r}")
     size, offset = params.get(BYTE_SIZE), params.get(OFFSET, 0)
-    if _count(size) and _count(offset):
+    if is_count(size) and is_count(offset):
         return TensorRef(region, size, offset)
     raise BadRequest(f"{what}: {BYTE_SIZE} and {OFFSET} must be non-negative integers, got {size!r} and {offset!r}")
-
-
-def _count(value: Any) -> TypeGuard[int]:
-    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 @dataclass(frozen=True)
@@ -104,7 +101,7 @@ class SharedMemoryRegions:
         if not isinstance(key, str) or _KEY.fullmatch(key) is None:
             raise BadRequest(f"region {name!r}: key {key!r} is no shared memory object's name; expected what "
                              f"shm_open was given, such as '/input0' (one name in {self.directory}, no path)")
-        if not _count(offset) or not _count(byte_size):
+        if not is_count(offset) or not is_count(byte_size):
             raise BadRequest(f"region {name!r}: offset and byte_size must be non-negative integers, "
                              f"got {offset!r} and {byte_size!r}")
         path = self.directory / key.lstrip("/")
@@ -129,12 +126,13 @@ class SharedMemoryRegions:
 
     def unregister(self, name: str | None = None) -> None:
         """One region, or every one where `name` is None or empty; an unknown name is no error."""
-        dropped = [self._regions.pop(name, None)] if name else [*self._regions.values()]
-        if not name:
-            self._regions.clear()
+        if name:
+            found = self._regions.pop(name, None)
+            dropped = [found] if found is not None else []
+        else:
+            dropped, self._regions = list(self._regions.values()), {}
         for region in dropped:
-            if region is not None:
-                region.close()  # the mapping stays while a tensor views it
+            region.close()  # the mapping stays while a tensor views it
 
     def status(self, name: str | None = None) -> list[Region]:
         if not name:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import math
-from typing import Any, Sequence
+from typing import Any, Sequence, TypeGuard
 
 import numpy as np
 
@@ -60,6 +60,11 @@ def is_bytes_dtype(dtype: str | np.dtype) -> bool:
         return np.dtype(dtype).kind in "OSU"
     except TypeError:
         return str(dtype) in ("bytes", "str", "string")
+
+
+def is_count(value: Any) -> TypeGuard[int]:
+    """A JSON value that is a non-negative integer (a size, an offset, a dimension): not a bool."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def element_count(shape: Sequence[int]) -> int:
