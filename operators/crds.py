@@ -20,7 +20,8 @@ from kubetrt.operators.names import (API_VERSION, APP_NAME, DNS_LABEL_MAX, DNS_L
                                      GPU_RESOURCE, GROUP, KIND_ENGINE_BUILD, KIND_MODEL_DEPLOYMENT,
                                      LABEL_APP_COMPONENT, LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_REVISION, LABEL_VALUE_MAX,
                                      LABEL_VALUE_PATTERN, OPERATOR_NAME, OPERATOR_NAMESPACE, PLURAL_ENGINE_BUILDS,
-                                     PLURAL_MODEL_DEPLOYMENTS, TARGET_NAME_MAX, VERSION)
+                                     PLURAL_MODEL_DEPLOYMENTS, SERVING_CONTAINER, SERVING_GRPC_PORT, SERVING_PORT,
+                                     SHARED_MEMORY_PATH, TARGET_NAME_MAX, VERSION)
 from kubetrt.runtime.target import BACKENDS, PRECISIONS, BatchProfile
 
 GPU_BACKENDS = [b for b in BACKENDS if b != "host"]
@@ -54,6 +55,10 @@ TARGET_BACKEND = "CPU targets use backend host; GPU targets use backend cuda or 
 BATCH_PROFILE_ORDER = "batchProfile must satisfy min <= opt <= max"
 FALLBACK_NEEDS_PRIMARY = ("at least one target must not be a fallback: fallback targets serve only while no "
                           "primary target can")
+SIDECAR_NAME_TAKEN = f"spec.sidecars: the name {SERVING_CONTAINER} is the serving container's"
+SIDECAR_OWN_VOLUMES = (f"spec.sidecars: a sidecar mounts no volumes of its own; with spec.sharedMemory every "
+                       f"sidecar gets the pod's {SHARED_MEMORY_PATH}")
+DEFAULT_SHARED_MEMORY_SIZE = "1Gi"
 BUILD_PHASES = ["Pending", "Running", "Succeeded", "Failed"]
 CONDITION_TYPES = ["Ready", "Progressing", "Degraded", "EnginesReady", "RolledBack"]
 
@@ -314,6 +319,38 @@ def model_deployment_spec_schema() -> dict[str, Any]:
             "preferredBatchSizes": {"type": "array", "description": "Batch sizes the batcher prefers to form.",
                                     "items": {"type": "integer", "format": "int32", "minimum": 1}, "maxItems": 16},
         }, default={}),
+        "sharedMemory": _obj(
+            "Triton's system shared memory extension on the serving pods (`kubetrt serve --shared-memory`): a "
+            "client in a sidecar (spec.sidecars) registers regions of POSIX shared memory objects and names them "
+            "in its requests instead of sending the tensors over the socket. Each serving pod gets a "
+            f"{SHARED_MEMORY_PATH} of sizeLimit, an emptyDir in memory that counts against the pod's memory, "
+            "mounted in the serving container and every sidecar. Whoever can reach the serving endpoints can "
+            f"then have the server read and write the objects in the pod's {SHARED_MEMORY_PATH}.", {
+                "sizeLimit": {"anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN,
+                              "x-kubernetes-int-or-string": True, "default": DEFAULT_SHARED_MEMORY_SIZE,
+                              "description": f"Size of the pods' {SHARED_MEMORY_PATH} (a quantity, e.g. 1Gi)."},
+            }),
+        "sidecars": {
+            "type": "array", "maxItems": 8,
+            "description": "Containers that run beside the serving container in every serving pod (a Container "
+                           "as in a PodSpec), e.g. a preprocessing client that reaches the model on "
+                           f"localhost:{SERVING_PORT} (gRPC {SERVING_GRPC_PORT}) and, with spec.sharedMemory, "
+                           f"through {SHARED_MEMORY_PATH}. They run under the pod's security context (non-root); "
+                           "the operator sets allowPrivilegeEscalation false and drops every capability where a "
+                           "sidecar says nothing, as Pod Security's restricted level asks.",
+            "items": {"type": "object", "x-kubernetes-preserve-unknown-fields": True, "required": ["name", "image"],
+                      "properties": {"name": _str("Container name, unique in the pod.", maxLength=63,
+                                                  pattern=DNS_LABEL_RFC1123),
+                                     "image": _str("Container image.", minLength=1),
+                                     "volumeMounts": {"type": "array", "description": SIDECAR_OWN_VOLUMES,
+                                                      "items": {"type": "object",
+                                                                "x-kubernetes-preserve-unknown-fields": True}}}},
+            "x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"],
+            "x-kubernetes-validations": [
+                {"rule": f"self.all(c, c.name != '{SERVING_CONTAINER}')", "message": SIDECAR_NAME_TAKEN},
+                {"rule": "self.all(c, !has(c.volumeMounts))", "message": SIDECAR_OWN_VOLUMES},
+            ],
+        },
         "autoscaling": _obj("HorizontalPodAutoscaler (autoscaling/v2) per target, on CPU utilization or on load.", {
             "enabled": {"type": "boolean", "default": False, "description": "Create an HPA per target."},
             "metric": _str(

@@ -100,6 +100,11 @@ TERMINATION_LOG = "/dev/termination-log"
 # with other data): the build Job's podFailurePolicy fails the Job at once, since a retry is refused too
 BUILD_REFUSED_EXIT_CODE = 3
 BUILD_CONTAINER = "build"
+SERVING_CONTAINER = "serving"
+# Triton's system shared memory in a serving pod: POSIX shared memory objects live in /dev/shm, so the
+# serving container and its sidecars mount one in-memory emptyDir there.
+SHARED_MEMORY_VOLUME = "shm"
+SHARED_MEMORY_PATH = "/dev/shm"
 
 # ----------------------------------------------------------------------------- label values, DNS labels
 # Label values: a GPU product as GPU Feature Discovery labels it, a ModelDeployment's name in a label.

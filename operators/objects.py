@@ -54,8 +54,11 @@ from kubetrt.operators.names import (
     TRACK_CANARY,
     TRACK_STABLE,
     canary_name,
+    SERVING_CONTAINER,
     SERVING_GRPC_PORT,
     SERVING_PORT,
+    SHARED_MEMORY_PATH,
+    SHARED_MEMORY_VOLUME,
     TERMINATION_LOG,
     dns_label,
     label_value,
@@ -270,6 +273,14 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
             errors.append(f"target {t.get('name')}: CPU targets use backend host")
     if spec.get("targets") and all(t.get("fallback") for t in spec["targets"]):
         errors.append(crds.FALLBACK_NEEDS_PRIMARY)
+    sidecar_names = [c.get("name") for c in spec.get("sidecars") or []]
+    if SERVING_CONTAINER in sidecar_names:
+        errors.append(crds.SIDECAR_NAME_TAKEN)
+    dupes = sorted({str(n) for n in sidecar_names if sidecar_names.count(n) > 1})
+    if dupes:
+        errors.append(f"spec.sidecars: duplicate names: {', '.join(dupes)}")
+    if any("volumeMounts" in c for c in spec.get("sidecars") or []):
+        errors.append(crds.SIDECAR_OWN_VOLUMES)
     prof = spec.get("optimization", {}).get("batchProfile", {})
     if prof and not prof.get("min", 1) <= prof.get("opt", 1) <= prof.get("max", 1):
         errors.append("optimization.batchProfile must satisfy min <= opt <= max")
@@ -506,7 +517,25 @@ def serve_command(package: str, store: str, engine_key: str, backend: str, model
            "--max-queue-delay-us", str(batching["maxQueueDelayMicroseconds"])]
     if batching.get("preferredBatchSizes"):
         cmd += ["--preferred-batch-sizes", ",".join(str(b) for b in batching["preferredBatchSizes"])]
+    if spec.get("sharedMemory") is not None:
+        cmd.append("--shared-memory")
     return cmd
+
+
+def sidecars(spec: Mapping[str, Any]) -> list[Obj]:
+    """The user's sidecar containers as a serving pod runs them: the pod's /dev/shm mounted where the
+    spec turns shared memory on, and the restricted level's container settings wherever a sidecar
+    says nothing of them."""
+    out = []
+    for given in spec.get("sidecars") or []:
+        c = copy.deepcopy(dict(given))
+        security = c.setdefault("securityContext", {})
+        security.setdefault("allowPrivilegeEscalation", False)
+        security.setdefault("capabilities", {"drop": ["ALL"]})
+        if spec.get("sharedMemory") is not None:
+            c["volumeMounts"] = [{"name": SHARED_MEMORY_VOLUME, "mountPath": SHARED_MEMORY_PATH}]
+        out.append(c)
+    return out
 
 
 ROLLING_UPDATE_KEYS = ("maxSurge", "maxUnavailable")
@@ -532,13 +561,13 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
     resources = _with_gpu_limit(settings.get("resources"), pin["gpu_limit"])
     resources.setdefault("requests", {}).setdefault("cpu", "500m")
     resources["requests"].setdefault("memory", "1Gi")
-    env = [{"name": "HOME", "value": "/tmp"}, *_thread_env("serving", resources)]
+    env = [{"name": "HOME", "value": "/tmp"}, *_thread_env(SERVING_CONTAINER, resources)]
     revision = revision_of(eb_spec["model"])
     pod_labels = {**labels(md_name, "serving", target["name"]), LABEL_ROLE: role(target),
                   LABEL_REVISION: revision, LABEL_TRACK: track}
     probe = {"port": "http", "scheme": "HTTP"}
     container: Obj = {
-        "name": "serving",
+        "name": SERVING_CONTAINER,
         # The kind of the engine served (a target changed from CPU to GPU serves its CPU engine until
         # the GPU one verified), the overrides of the live target.
         "image": target_image(spec, {**target, "cpu": eb_target.get("cpu")}, "serving", config),
@@ -568,10 +597,14 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
         "tolerations": pin["tolerations"],
         "securityContext": _pod_security(),
         "automountServiceAccountToken": False,
-        "containers": [container],
+        "containers": [container, *sidecars(spec)],
         "volumes": [{"name": "tmp", "emptyDir": {}}, {"name": "cache", "emptyDir": {"sizeLimit": "20Gi"}},
                     *vols1, *vols2],
     }
+    if spec.get("sharedMemory") is not None:
+        container["volumeMounts"].append({"name": SHARED_MEMORY_VOLUME, "mountPath": SHARED_MEMORY_PATH})
+        pod_spec["volumes"].append({"name": SHARED_MEMORY_VOLUME, "emptyDir": {
+            "medium": "Memory", "sizeLimit": spec["sharedMemory"]["sizeLimit"]}})
     _apply_pod_settings(pod_spec, settings)
     if spec.get("serviceAccountName"):
         pod_spec["serviceAccountName"] = spec["serviceAccountName"]

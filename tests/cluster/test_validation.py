@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from kube_cluster import Release, kubectl
-from kubetrt.operators import crds
+from kubetrt.operators import crds, names, objects
 
 pytestmark = pytest.mark.cluster
 
@@ -109,6 +109,17 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("canary-p99-zero", _set("spec.rollout", {"canaryTrafficPercent": 10,
                                               "canaryAnalysis": {"maxP99Milliseconds": 0}}),
      crds.MAX_P99_POSITIVE),
+    ("sidecar-named-serving", _set("spec.sidecars", [{"name": "serving", "image": "corp/pre:1"}]),
+     crds.SIDECAR_NAME_TAKEN),
+    ("sidecar-with-volumes", _set("spec.sidecars", [{"name": "pre", "image": "corp/pre:1",
+                                                      "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}]}]),
+     crds.SIDECAR_OWN_VOLUMES),
+    ("sidecars-one-name-twice", _set("spec.sidecars", [{"name": "pre", "image": "corp/pre:1"},
+                                                        {"name": "pre", "image": "corp/pre:2"}]),
+     'spec.sidecars[1]: Duplicate value: {"name":"pre"}'),
+    ("sidecar-without-image", _set("spec.sidecars", [{"name": "pre"}]), "spec.sidecars[0].image: Required value"),
+    ("shared-memory-size-not-a-quantity", _set("spec.sharedMemory", {"sizeLimit": "lots"}),
+     "spec.sharedMemory.sizeLimit in body should match"),
 ]
 
 
@@ -141,6 +152,46 @@ def test_a_gateway_reference_is_accepted(release: Release) -> None:
         "name": "public", "namespace": "infra", "sectionName": "https", "hostnames": ["resnet.example.com", "*.ml.example.com"]}}
     code, err = _create(obj)
     assert code == 0, err
+
+
+def test_sidecars_and_shared_memory_are_accepted_and_defaulted(release: Release) -> None:
+    obj = copy.deepcopy(GOOD)
+    obj["metadata"]["name"] = "sidecar-probe"
+    sidecar = {"name": "pre", "image": "corp/pre:1", "args": ["--fast"], "env": [{"name": "MODE", "value": "shm"}]}
+    obj["spec"].update(sharedMemory={}, sidecars=[sidecar])
+    kubectl("create", "-f", "-", stdin=yaml.safe_dump(obj))
+    try:
+        stored = json.loads(kubectl("get", "modeldeployment", "sidecar-probe", "-n", "default", "-o", "json").stdout)
+        assert stored["spec"]["sharedMemory"] == {"sizeLimit": crds.DEFAULT_SHARED_MEMORY_SIZE}
+        assert stored["spec"]["sidecars"] == [sidecar], "a sidecar's Container fields are kept, not pruned"
+    finally:
+        kubectl("delete", "modeldeployment", "sidecar-probe", "-n", "default", "--wait=false", check=False)
+
+
+def test_the_api_server_accepts_the_serving_pods_generated_with_sidecars_and_shared_memory(release: Release) -> None:
+    """The Deployment the operator writes for such a spec, each of its targets, as a server-side dry
+    run: the API server checks the whole pod template (the sidecars' Container fields, the
+    in-memory emptyDir, every mount naming a volume of the pod)."""
+    md = copy.deepcopy(GOOD)
+    md["metadata"]["uid"] = "00000000-0000-0000-0000-0000000051de"
+    md["spec"].update(sharedMemory={"sizeLimit": "256Mi"}, sidecars=[
+        {"name": "pre", "image": "corp/pre:1", "args": ["--fast"], "ports": [{"containerPort": 9000}],
+         "resources": {"limits": {"cpu": "500m", "memory": "256Mi"}}}])
+    spec = objects.normalized_spec(md)
+    assert objects.validate_spec(spec) == []
+    for target in spec["targets"]:
+        target = objects.resolve_target(spec, target)
+        engine = objects.engine_build(md, spec, target, objects.OperatorConfig())
+        engine["status"] = {"engineKey": f"{target['name']}-0123456789abcdef"}
+        dep = objects.serving_deployment(md, spec, target, engine, objects.OperatorConfig())
+        pod = dep["spec"]["template"]["spec"]
+        assert [c["name"] for c in pod["containers"]] == [names.SERVING_CONTAINER, "pre"]
+        proc = kubectl("create", "--dry-run=server", "-o", "json", "-f", "-", stdin=yaml.safe_dump(dep), check=False)
+        assert proc.returncode == 0, f"target {target['name']}: {proc.stderr}"
+        accepted = json.loads(proc.stdout)["spec"]["template"]["spec"]
+        shm = {v["name"]: v for v in accepted["volumes"]}[names.SHARED_MEMORY_VOLUME]
+        assert shm["emptyDir"] == {"medium": "Memory", "sizeLimit": "256Mi"}
+        assert [m["mountPath"] for m in accepted["containers"][1]["volumeMounts"]] == [names.SHARED_MEMORY_PATH]
 
 
 def test_engine_build_spec_is_immutable(release: Release) -> None:

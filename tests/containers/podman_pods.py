@@ -56,8 +56,9 @@ class PodError(RuntimeError):
 
 
 # ----------------------------------------------------------------------------- podman
-def podman(*args: str, check: bool = True, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout)
+def podman(*args: str, check: bool = True, timeout: float = 120.0,
+           stdin: str | None = None) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(["podman", *args], capture_output=True, text=True, timeout=timeout, input=stdin)
     if check and proc.returncode != 0:
         raise PodError(f"podman {' '.join(args[:3])} ... failed ({proc.returncode}): {proc.stderr.strip()[-2000:]}")
     return proc
@@ -268,28 +269,42 @@ class Played:
     path: Path
     pod: str
     containers: dict[str, str]  # container name in the spec -> podman container name
+    memory_dirs: tuple[Path, ...] = ()  # the in-memory emptyDirs' directories (kube_play)
 
     def down(self) -> None:
         podman("kube", "down", str(self.path), check=False)
+        for d in self.memory_dirs:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def kube_play(obj: Mapping[str, Any], workdir: Path) -> Played:
-    """`podman kube play --network host` of a Deployment or Pod, as generated but for two things:
-    the e2e label on the pod (for the cleanup of leftovers), and no containerPorts: podman 4.3
+    """`podman kube play --network host` of a Deployment or Pod, as generated but for three things:
+    the e2e label on the pod (for the cleanup of leftovers); no containerPorts: podman 4.3
     turns them into port mappings, which it refuses on the host network ("PortMappings can only be
-    used with Bridge or slirp4netns networking"); on the host network they map nothing anyway."""
+    used with Bridge or slirp4netns networking"), and on the host network they map nothing anyway;
+    and an emptyDir of medium Memory becomes a hostPath of a new world-writable directory in the
+    host's /dev/shm: podman 4.3 makes it a root-owned 0755 directory on disk, where a kubelet
+    mounts a tmpfs any container user may write (as every emptyDir is)."""
     body = json.loads(json.dumps(obj))
     meta = body["spec"]["template"]["metadata"] if body["kind"] == "Deployment" else body["metadata"]
     meta.setdefault("labels", {})[E2E_LABEL] = "1"
-    for c in (body["spec"]["template"]["spec"] if body["kind"] == "Deployment" else body["spec"])["containers"]:
+    pod_spec = body["spec"]["template"]["spec"] if body["kind"] == "Deployment" else body["spec"]
+    for c in pod_spec["containers"]:
         c.pop("ports", None)
+    memory_dirs = []
+    for v in pod_spec.get("volumes") or []:
+        if (v.get("emptyDir") or {}).get("medium") == "Memory":
+            d = Path(tempfile.mkdtemp(prefix="kubetrt-e2e-", dir="/dev/shm"))
+            d.chmod(0o1777)
+            memory_dirs.append(d)
+            v.pop("emptyDir")
+            v["hostPath"] = {"path": str(d), "type": "Directory"}
     path = workdir / f"{body['kind'].lower()}-{body['metadata']['name']}.yaml"
     path.write_text(yaml.safe_dump(body, sort_keys=False))
     podman("kube", "down", str(path), check=False)
     podman("kube", "play", "--network", "host", str(path), timeout=300)
     pod = f"{body['metadata']['name']}-pod-0" if body["kind"] == "Deployment" else body["metadata"]["name"]
-    spec = body["spec"]["template"]["spec"] if body["kind"] == "Deployment" else body["spec"]
-    return Played(path, pod, {c["name"]: f"{pod}-{c['name']}" for c in spec["containers"]})
+    return Played(path, pod, {c["name"]: f"{pod}-{c['name']}" for c in pod_spec["containers"]}, tuple(memory_dirs))
 
 
 # ----------------------------------------------------------------------------- waiting
