@@ -33,6 +33,9 @@ CALIBRATION_METHODS = ["minmax", "percentile", "entropy"]
 DEFAULT_CALIBRATION_METHOD = "minmax"  # `kubetrt lower --calibration-method`'s default
 # The batcher forms batches up to the engine's own largest batch by default.
 DEFAULT_BATCHING_MAX_BATCH_SIZE = BatchProfile().max
+# What a serving pod queues and how long a request may take: `kubetrt serve`'s own defaults.
+DEFAULT_MAX_QUEUE_SIZE = 1024
+DEFAULT_REQUEST_TIMEOUT_S = 30.0
 DEFAULT_HOLDOUT_FRACTION = 0.2
 # One wording for the API server's CEL rule and the operator's own check (objects.validate_spec).
 INT8_NEEDS_CALIBRATION = ("int8 targets need spec.optimization.calibration.uri: the calibration data the model "
@@ -47,6 +50,7 @@ CANARY_ANALYSIS_NEEDS_CANARY = ("spec.rollout.canaryAnalysis needs spec.rollout.
 HOLDOUT_FRACTION_RANGE = "spec.optimization.calibration.holdoutFraction must be greater than 0 and less than 1"
 PERCENTILE_RANGE = "spec.optimization.calibration.percentile must be greater than 0 and at most 100"
 MAX_P99_POSITIVE = "spec.rollout.canaryAnalysis.maxP99Milliseconds must be greater than 0"
+REQUEST_TIMEOUT_POSITIVE = "spec.batching.requestTimeoutSeconds must be greater than 0"
 # A real API server words a failed oneOf as "must validate one and only one schema (oneOf)", which
 # names neither field: these rules say what a target must hold, in the API server's own error.
 TARGET_KIND = (f"a target sets exactly one of gpuProduct (the GPU's {GPU_PRODUCT_LABEL} label, "
@@ -318,6 +322,20 @@ def model_deployment_spec_schema() -> dict[str, Any]:
                 minimum=0, maximum=10_000_000, default=0),
             "preferredBatchSizes": {"type": "array", "description": "Batch sizes the batcher prefers to form.",
                                     "items": {"type": "integer", "format": "int32", "minimum": 1}, "maxItems": 16},
+            "maxQueueSize": _int(
+                f"Requests a serving pod queues per model while its engine is busy (`kubetrt serve --max-queue-size`); "
+                f"past it a request is refused at once, 503 with Retry-After over REST and RESOURCE_EXHAUSTED over "
+                f"gRPC, instead of waiting into a timeout. {METRIC_QUEUE} shows the queue.",
+                minimum=1, maximum=1_000_000, default=DEFAULT_MAX_QUEUE_SIZE),
+            "requestTimeoutSeconds": {
+                # CEL, not a fractional minimum: the API server compares a whole number with minimum's
+                # whole part, so 0 would pass a minimum of 0.001
+                "type": "number", "maximum": 86400, "default": DEFAULT_REQUEST_TIMEOUT_S,
+                **_cel("self > 0.0", REQUEST_TIMEOUT_POSITIVE),
+                "description": "Each request's deadline in a serving pod (`kubetrt serve --request-timeout-s`): a "
+                               "request not answered by then gets 504 (DEADLINE_EXCEEDED over gRPC), and one the "
+                               "queued work would keep past it is refused at once as the queue's overflow is. A "
+                               "client's own deadline (grpc-timeout, the OIP timeout parameter) can only shorten it."},
         }, default={}),
         "sharedMemory": _obj(
             "Triton's system shared memory extension on the serving pods (`kubetrt serve --shared-memory`): a "

@@ -284,6 +284,8 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     prof = spec.get("optimization", {}).get("batchProfile", {})
     if prof and not prof.get("min", 1) <= prof.get("opt", 1) <= prof.get("max", 1):
         errors.append("optimization.batchProfile must satisfy min <= opt <= max")
+    if not _number_in(spec.get("batching", {}).get("requestTimeoutSeconds", 1), 0, 86400, include_high=True):
+        errors.append(crds.REQUEST_TIMEOUT_POSITIVE)
     auto = spec.get("autoscaling", {})
     if auto.get("enabled") and auto.get("minReplicas", 1) > auto.get("maxReplicas", 1):
         errors.append("autoscaling.minReplicas must not exceed maxReplicas")
@@ -514,7 +516,8 @@ def serve_command(package: str, store: str, engine_key: str, backend: str, model
            "--model-name", model["name"], "--model-version", str(model["version"]),
            "--device", backend, "--host", "0.0.0.0", "--port", str(SERVING_PORT), "--grpc-port", str(SERVING_GRPC_PORT),
            "--max-batch-size", str(batching["maxBatchSize"]),
-           "--max-queue-delay-us", str(batching["maxQueueDelayMicroseconds"])]
+           "--max-queue-delay-us", str(batching["maxQueueDelayMicroseconds"]),
+           "--max-queue-size", str(batching["maxQueueSize"]), "--request-timeout-s", str(batching["requestTimeoutSeconds"])]
     if batching.get("preferredBatchSizes"):
         cmd += ["--preferred-batch-sizes", ",".join(str(b) for b in batching["preferredBatchSizes"])]
     if spec.get("sharedMemory") is not None:

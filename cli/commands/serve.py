@@ -24,6 +24,16 @@ def _non_negative(value: str) -> int:
     return n
 
 
+def _seconds(value: str) -> float:
+    try:
+        s = float(value)
+    except ValueError:
+        s = float("nan")
+    if not s > 0:
+        raise argparse.ArgumentTypeError(f"{value}: expected a positive number of seconds")
+    return s
+
+
 def _sizes(value: str) -> tuple[int, ...]:
     try:
         return tuple(_positive(v) for v in value.split(",") if v.strip())
@@ -58,7 +68,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--max-queue-size", type=_positive, default=1024,
                    help="requests queued per model before answering 503 + Retry-After (gRPC: RESOURCE_EXHAUSTED)")
     p.add_argument("--batch-workers", type=_positive, default=1, help="batches in flight per model")
-    p.add_argument("--request-timeout-s", type=float, default=30.0, help="per-request deadline")
+    p.add_argument("--request-timeout-s", type=_seconds, default=30.0, help="per-request deadline")
     p.add_argument("--max-body-bytes", type=_positive, default=64 << 20, help="larger request bodies get 413")
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight requests may take to finish")

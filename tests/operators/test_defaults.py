@@ -27,6 +27,8 @@ class Setting:
 SETTINGS = [
     Setting("batching.maxBatchSize", ("serve",), "--max-batch-size"),
     Setting("batching.maxQueueDelayMicroseconds", ("serve",), "--max-queue-delay-us"),
+    Setting("batching.maxQueueSize", ("serve",), "--max-queue-size"),
+    Setting("batching.requestTimeoutSeconds", ("serve",), "--request-timeout-s"),
     Setting("optimization.calibration.method", ("lower",), "--calibration-method"),
     Setting("optimization.calibration.method", ("pipeline", "run"), "--calibration-method"),
     Setting("optimization.calibration.holdoutFraction", ("lower",), "--holdout"),
@@ -90,3 +92,13 @@ def test_help_shows_every_default(command: tuple[str, ...]) -> None:
             assert "default" in (formatter._get_help_string(action) or ""), (command, action.option_strings)
     if command == ("serve",):
         assert "(default: 32)" in " ".join(parser.format_help().split())
+
+
+@pytest.mark.parametrize("seconds", [0, -2, 86401])
+def test_the_operator_refuses_a_request_timeout_the_crd_refuses(seconds: float) -> None:
+    from kubetrt.operators import objects
+    from operator_testlib import md_body
+
+    spec = objects.normalized_spec(md_body(batching={"requestTimeoutSeconds": seconds}))
+    assert objects.validate_spec(spec) == [crds.REQUEST_TIMEOUT_POSITIVE]
+    assert objects.validate_spec(objects.normalized_spec(md_body(batching={"requestTimeoutSeconds": 0.5}))) == []

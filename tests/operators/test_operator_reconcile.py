@@ -192,7 +192,8 @@ def test_verified_engine_yields_a_pinned_hardened_deployment() -> None:
     assert c["command"] == ["kubetrt", "serve", "s3://models/resnet50/pkg", "--store", "s3://engines/resnet50",
                             "--engine-key", key, "--cache-dir", "/var/cache/kubetrt", "--model-name", "resnet50",
                             "--model-version", "3", "--device", "tensorrt", "--host", "0.0.0.0", "--port", "8080", "--grpc-port", "8081",
-                            "--max-batch-size", "32", "--max-queue-delay-us", "0"]
+                            "--max-batch-size", "32", "--max-queue-delay-us", "0",
+                            "--max-queue-size", "1024", "--request-timeout-s", "30.0"]
     assert {m["mountPath"] for m in c["volumeMounts"]} >= {"/tmp", "/var/cache/kubetrt"}
     assert {e["name"] for e in c["env"]} == {"HOME", "OMP_NUM_THREADS", "KUBETRT_THREADS", "KUBETRT_JIT_THREADS"}
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"

@@ -23,7 +23,8 @@ POD_CODE = [REPO / d for d in ("kubetrt", "runtime", "serving", "pipeline")]
 
 
 def generated_containers() -> list[dict[str, Any]]:
-    md = md_body(batching={"maxBatchSize": 16, "maxQueueDelayMicroseconds": 900, "preferredBatchSizes": [4, 8]})
+    md = md_body(batching={"maxBatchSize": 16, "maxQueueDelayMicroseconds": 900, "preferredBatchSizes": [4, 8],
+                           "maxQueueSize": 40, "requestTimeoutSeconds": 2.5})
     spec = objects.normalized_spec(md)
     eb = reconcile.plan_model_deployment(md, Observed(), CONFIG, "2026-01-01T00:00:00Z").create[1]
     eb["status"] = {"engineKey": "some-key", "phase": "Succeeded", "verified": True}
@@ -46,6 +47,7 @@ def test_every_generated_flag_is_accepted_by_the_pods_command(index: int, comman
         assert (args.engine_key, args.model_name, args.max_batch_size, args.preferred_batch_sizes) == \
             ("some-key", "resnet50", 16, (4, 8))
         assert args.max_queue_delay_us == 900 and args.cache_dir == objects.CACHE_DIR
+        assert (args.max_queue_size, args.request_timeout_s) == (40, 2.5)
 
 
 def test_every_kubetrt_variable_the_operator_sets_is_read_by_pod_code() -> None:

@@ -152,3 +152,11 @@ def test_a_bad_thread_count_names_the_variable() -> None:
     r = subprocess.run([sys.executable, "-c", "import kubetrt.runtime.devices.host"], capture_output=True,
                        text=True, timeout=60, env={**os.environ, "KUBETRT_THREADS": "0.5"})
     assert r.returncode != 0 and "KUBETRT_THREADS='0.5': expected a positive number of threads" in r.stderr
+
+
+@pytest.mark.parametrize("seconds", ["0", "-1", "soon", "nan"])
+def test_a_request_timeout_that_is_no_positive_number_is_refused_at_start(seconds: str, tmp_path: Path) -> None:
+    r = subprocess.run([sys.executable, "-m", "kubetrt.cli", "serve", str(tmp_path), "--request-timeout-s", seconds],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert f"argument --request-timeout-s: {seconds}: expected a positive number of seconds" in r.stderr, r.stderr
