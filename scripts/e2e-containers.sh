@@ -34,6 +34,7 @@ cleanup() {
   # Pods and containers the tests left behind (they clean up themselves; this covers a kill).
   podman pod ls -q --filter label=io.kubetrt.e2e 2>/dev/null | xargs -r podman pod rm -f -t 0 >/dev/null 2>&1 || true
   podman ps -aq --filter label=io.kubetrt.e2e 2>/dev/null | xargs -r podman rm -f -t 0 >/dev/null 2>&1 || true
+  rm -rf /dev/shm/kubetrt-e2e-*  # in-memory emptyDirs of played pods (tests/containers/podman_pods.py kube_play)
 }
 trap cleanup EXIT
 
