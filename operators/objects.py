@@ -258,14 +258,19 @@ def int8_targets(spec: Mapping[str, Any]) -> list[str]:
     return [str(t.get("name")) for t in spec.get("targets", []) if t.get("precision", default) == "int8"]
 
 
+def _names_twice(items: list[Mapping[str, Any]]) -> str:
+    """The names more than one item carries, sorted and joined ('' where each is unique)."""
+    names = [str(i.get("name")) for i in items]
+    return ", ".join(sorted({n for n in names if names.count(n) > 1}))
+
+
 def validate_spec(spec: Mapping[str, Any]) -> list[str]:
     """Checks the CRD's JSON schema cannot express, and its CEL rules again (API servers without CEL
     and test emulators do not evaluate them); the schema rejects the rest before the operator sees it."""
     errors = []
-    names = [t.get("name") for t in spec.get("targets", [])]
-    dupes = sorted({n for n in names if names.count(n) > 1})
+    dupes = _names_twice(spec.get("targets", []))
     if dupes:
-        errors.append(f"duplicate target names: {', '.join(map(str, dupes))}")
+        errors.append(f"duplicate target names: {dupes}")
     for t in spec.get("targets", []):
         if bool(t.get("gpuProduct")) == bool(t.get("cpu")):
             errors.append(f"target {t.get('name')}: set exactly one of gpuProduct or cpu")
@@ -273,13 +278,13 @@ def validate_spec(spec: Mapping[str, Any]) -> list[str]:
             errors.append(f"target {t.get('name')}: CPU targets use backend host")
     if spec.get("targets") and all(t.get("fallback") for t in spec["targets"]):
         errors.append(crds.FALLBACK_NEEDS_PRIMARY)
-    sidecar_names = [c.get("name") for c in spec.get("sidecars") or []]
-    if SERVING_CONTAINER in sidecar_names:
+    given = spec.get("sidecars") or []
+    if any(c.get("name") == SERVING_CONTAINER for c in given):
         errors.append(crds.SIDECAR_NAME_TAKEN)
-    dupes = sorted({str(n) for n in sidecar_names if sidecar_names.count(n) > 1})
+    dupes = _names_twice(given)
     if dupes:
-        errors.append(f"spec.sidecars: duplicate names: {', '.join(dupes)}")
-    if any("volumeMounts" in c for c in spec.get("sidecars") or []):
+        errors.append(f"spec.sidecars: duplicate names: {dupes}")
+    if any("volumeMounts" in c for c in given):
         errors.append(crds.SIDECAR_OWN_VOLUMES)
     prof = spec.get("optimization", {}).get("batchProfile", {})
     if prof and not prof.get("min", 1) <= prof.get("opt", 1) <= prof.get("max", 1):
@@ -525,6 +530,11 @@ def serve_command(package: str, store: str, engine_key: str, backend: str, model
     return cmd
 
 
+def _shared_memory_mount() -> Obj:
+    """The pod's in-memory /dev/shm as each of its containers mounts it (a fresh dict per container)."""
+    return {"name": SHARED_MEMORY_VOLUME, "mountPath": SHARED_MEMORY_PATH}
+
+
 def sidecars(spec: Mapping[str, Any]) -> list[Obj]:
     """The user's sidecar containers as a serving pod runs them: the pod's /dev/shm mounted where the
     spec turns shared memory on, and the restricted level's container settings wherever a sidecar
@@ -536,7 +546,7 @@ def sidecars(spec: Mapping[str, Any]) -> list[Obj]:
         security.setdefault("allowPrivilegeEscalation", False)
         security.setdefault("capabilities", {"drop": ["ALL"]})
         if spec.get("sharedMemory") is not None:
-            c["volumeMounts"] = [{"name": SHARED_MEMORY_VOLUME, "mountPath": SHARED_MEMORY_PATH}]
+            c["volumeMounts"] = [_shared_memory_mount()]
         out.append(c)
     return out
 
@@ -605,7 +615,7 @@ def serving_deployment(md: Mapping[str, Any], spec: Mapping[str, Any], target: M
                     *vols1, *vols2],
     }
     if spec.get("sharedMemory") is not None:
-        container["volumeMounts"].append({"name": SHARED_MEMORY_VOLUME, "mountPath": SHARED_MEMORY_PATH})
+        container["volumeMounts"].append(_shared_memory_mount())
         pod_spec["volumes"].append({"name": SHARED_MEMORY_VOLUME, "emptyDir": {
             "medium": "Memory", "sizeLimit": spec["sharedMemory"]["sizeLimit"]}})
     _apply_pod_settings(pod_spec, settings)
