@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import os
 import platform
+import re
+import shutil
+import subprocess
+import tempfile
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
@@ -96,8 +100,7 @@ def isa_cap_env(cap: str) -> dict[str, str]:
 def onednn_cap_env(cap: str) -> dict[str, str]:
     """The environment that keeps oneDNN's dispatch to `cap`: kubetrt's, and OpenVINO's whole CPU
     plugin, whose primitives and own JIT kernels dispatch through the oneDNN it carries, which reads
-    the same variable. With it OpenVINO runs the code an AVX2 machine would; onnxruntime has no such
-    switch (its MLAS reads CPUID itself) and stays at the CPU's own. Empty for 'native'."""
+    the same variable. With it OpenVINO runs the code an AVX2 machine would. Empty for 'native'."""
     if cap == "native":
         return {}
     if cap != "avx2":
@@ -105,12 +108,91 @@ def onednn_cap_env(cap: str) -> dict[str, str]:
     return {"ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
+# onnxruntime has no switch: its MLAS and cpuinfo read CPUID and XCR0 themselves. XCR0 (xgetbv)
+# says which register state the OS saves; without the opmask and ZMM bits no AVX-512 kernel may
+# run, whatever CPUID says, so a copy of the package whose code reads XCR0 as x87|SSE|AVX takes the
+# AVX2 paths an AVX2 machine takes (AVX2 with FMA, no VNNI). Each `xgetbv` (3 bytes) becomes
+# `lea eax, [rcx + 7]` (3 bytes): ECX holds the register's index, 0 for XCR0, so EAX = 7.
+_XGETBV = b"\x0f\x01\xd0"
+_XCR0_AVX = b"\x8d\x41\x07"
+ISA_CAP_MARK = "ISA_CAP"  # in a capped package's folder: the cap it was made for
+
+
+def xgetbv_sites(disassembly: str, headers: str) -> list[int]:
+    """File offsets of the xgetbv instructions `objdump -d --no-show-raw-insn` found, mapped
+    through the section table `objdump -h` printed (VMA -> file offset)."""
+    sections = [(int(vma, 16), int(size, 16), int(off, 16)) for size, vma, off in
+                re.findall(r"^\s*\d+\s+\S+\s+([0-9a-f]+)\s+([0-9a-f]+)\s+[0-9a-f]+\s+([0-9a-f]+)", headers, re.M)]
+    sites = []
+    for addr in (int(a, 16) for a in re.findall(r"^\s*([0-9a-f]+):\s+xgetbv\s*$", disassembly, re.M)):
+        vma, _, off = next(s for s in sections if s[0] <= addr < s[0] + s[1])
+        sites.append(addr - vma + off)
+    return sites
+
+
+def xcr0_capped(code: bytes, sites: list[int], xcr0: bytes = _XCR0_AVX) -> bytes:
+    """`code` with the xgetbv at each of `sites` reading XCR0 as x87|SSE|AVX (`xcr0`: the
+    instruction that stands in); ValueError naming a site that holds no xgetbv."""
+    out = bytearray(code)
+    for at in sites:
+        if code[at:at + 3] != _XGETBV:
+            raise ValueError(f"offset {at:#x}: expected xgetbv (0f 01 d0), found {code[at:at + 3].hex(' ')}")
+        out[at:at + 3] = xcr0
+    return bytes(out)
+
+
+def _objdump(flags: list[str], path: Path) -> str:
+    try:
+        return subprocess.run(["objdump", *flags, str(path)], capture_output=True, text=True, check=True).stdout
+    except FileNotFoundError:
+        raise RuntimeError("capping onnxruntime needs objdump (Debian's binutils) to find its xgetbv instructions") from None
+
+
+def onnxruntime_cap_env(cap: str, cache: Path | None = None) -> dict[str, str]:
+    """The environment that keeps onnxruntime to `cap`: PYTHONPATH led by a copy of the installed
+    package whose shared objects read XCR0 as an OS without AVX-512 state would report it (made
+    once per version under the bench cache, written aside and renamed into place). Empty for
+    'native'."""
+    onednn_cap_env(cap)  # checks the cap's name
+    if cap == "native":
+        return {}
+    import importlib.util
+
+    spec = importlib.util.find_spec("onnxruntime")
+    if spec is None or not spec.submodule_search_locations:
+        raise RuntimeError("onnxruntime is not installed: nothing to cap")
+    package = Path(next(iter(spec.submodule_search_locations)))
+    from importlib.metadata import version
+
+    cache = cache or Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
+    root = cache / "isa-caps" / f"onnxruntime-{version('onnxruntime')}-{cap}"
+    if not (root / "onnxruntime" / ISA_CAP_MARK).is_file():
+        root.parent.mkdir(parents=True, exist_ok=True)
+        work = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
+        try:
+            copy = shutil.copytree(package, work / "onnxruntime", ignore=shutil.ignore_patterns("__pycache__"))
+            capped = 0
+            for lib in sorted(copy.rglob("*.so*")):
+                sites = xgetbv_sites(_objdump(["-d", "--no-show-raw-insn"], lib), _objdump(["-h"], lib))
+                if sites:
+                    lib.write_bytes(xcr0_capped(lib.read_bytes(), sites))
+                    capped += len(sites)
+            if not capped:
+                raise RuntimeError(f"found no xgetbv in {package}'s shared objects: nothing there reads XCR0 to cap")
+            (copy / ISA_CAP_MARK).write_text(cap)
+            shutil.rmtree(root, ignore_errors=True)
+            work.rename(root)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    return {"PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
+
+
 def cap_envs(cap: str, kubetrt: tuple[str, ...] = ("kubetrt",)) -> dict[str, dict[str, str]]:
     """Per runtime a bench runs (`kubetrt`: the names its kubetrt workers go by), the environment
-    that keeps it to `cap`: kubetrt's whole (isa_cap_env), OpenVINO's oneDNN (onednn_cap_env);
-    onnxruntime and the rest have none."""
-    mine = isa_cap_env(cap)
-    return {name: mine for name in kubetrt} | {"openvino": onednn_cap_env(cap)}
+    that keeps it to `cap`: kubetrt's whole (isa_cap_env), OpenVINO's oneDNN (onednn_cap_env),
+    onnxruntime's XCR0 (onnxruntime_cap_env); TensorFlow has none."""
+    mine, ort = isa_cap_env(cap), onnxruntime_cap_env(cap)
+    return {name: mine for name in kubetrt} | {"openvino": onednn_cap_env(cap), "onnxruntime": ort, "onnxruntime-int8": ort}
 
 
 def openvino_isa(compiled: Any) -> str:

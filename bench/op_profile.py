@@ -13,7 +13,7 @@ Per runtime: the plain run time (median, no profiler), the profiled run time and
 (both means over the same R runs, after warm-up); the gap between the last two is the runtime's
 own overhead per run (for kubetrt, the executor's). A profiler costs time per op too: onnxruntime's
 adds microseconds to every node, so on tiny graphs its op times exceed the plain run and only
-their shares compare. `--isa avx2` caps kubetrt and OpenVINO at AVX2 as bench/runtime.py does.
+their shares compare. `--isa avx2` caps kubetrt, onnxruntime and OpenVINO at AVX2 as bench/runtime.py does.
 """
 from __future__ import annotations
 
@@ -229,7 +229,7 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=20, help="profiled runs per runtime, after warm-up")
     p.add_argument("--top", type=int, default=10, help="op types and layers (kernels) shown per runtime")
     p.add_argument("--runtimes", nargs="+", default=list(RUNTIMES), choices=RUNTIMES)
-    p.add_argument("--isa", choices=ISA_CAPS, default="native", help="avx2: kubetrt and OpenVINO run their AVX2 code")
+    p.add_argument("--isa", choices=ISA_CAPS, default="native", help="avx2: kubetrt, onnxruntime and OpenVINO run their AVX2 code")
     p.add_argument("--worker", nargs=2, metavar=("RUNTIME", "PACKAGE"), help=argparse.SUPPRESS)
     a = p.parse_args()
     if a.batch < 1 or a.runs < 1 or a.top < 1:
@@ -257,7 +257,7 @@ def main() -> int:
         _progress(f"profiling {runtime}")
         profiles[runtime] = spawn(runtime, a.model, package, a.batch, a.runs, a.top, envs.get(runtime))
     print(f"\n{a.model} batch {a.batch}: {a.runs} runs per runtime after {WARMUP} warm-up; ms per run, "
-          "op times from each runtime's own profiler" + (f"; kubetrt and OpenVINO capped at {a.isa.upper()}" if a.isa != "native" else ""))
+          "op times from each runtime's own profiler" + (f"; kubetrt, onnxruntime and OpenVINO capped at {a.isa.upper()}" if a.isa != "native" else ""))
     for runtime, prof in profiles.items():
         print()
         print("\n".join(report(runtime, prof, a.top)))

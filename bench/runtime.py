@@ -14,11 +14,11 @@ that does not lower) is reported as failed with the reason; the rest of the run 
 on each model, calibrated with min-max on seeded random inputs: the data changes the scales, not
 the speed), beside kubetrt fp32, onnxruntime fp32 and TensorFlow fp32.
 
-`--isa avx2` runs kubetrt's AVX2 code on an AVX-512 machine (bench/_machine.py's isa_cap_env:
-oneDNN, numba, oneMKL and NumPy capped) and OpenVINO's (onednn_cap_env: its plugin dispatches through
-the oneDNN it carries); onnxruntime has no such switch and keeps the CPU's own kernels. A check of
-the AVX2 code where no AVX2-only machine is at hand: OpenVINO as such a machine runs it,
-onnxruntime a higher bar than it sets. The report says which ISA each runtime dispatched.
+`--isa avx2` runs every runtime's AVX2 code on an AVX-512 machine, as an AVX2 machine of the same
+core would: kubetrt's (bench/_machine.py's isa_cap_env: oneDNN, numba, oneMKL and NumPy capped),
+OpenVINO's (onednn_cap_env: its plugin dispatches through the oneDNN it carries) and onnxruntime's
+(onnxruntime_cap_env: a copy of the package that reads XCR0 without AVX-512 state); TensorFlow keeps
+the CPU's own. The report says which ISA each runtime dispatched.
 
 `--baseline DIR` adds another checkout of kubetrt (e.g. `git worktree add DIR main`) as one more
 engine, `baseline`, taking turns with the others in the same run: a change's before and after,
@@ -234,6 +234,11 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
         isa = run.isa()
     elif engine in KUBETRT_ENGINES and "kubetrt.runtime.kernels.onednn" in sys.modules:
         isa = sys.modules["kubetrt.runtime.kernels.onednn"].isa_name()
+    elif "onnxruntime" in sys.modules:  # a capped copy says so; the package as installed does not say
+        from _machine import ISA_CAP_MARK
+
+        mark = Path(sys.modules["onnxruntime"].__file__ or "").parent / ISA_CAP_MARK
+        isa = mark.read_text() if mark.is_file() else None
     return {"source": source, "isa": isa, "engine": engine, "model": model, "batch": batch, "median_s": med, "mean_s": statistics.fmean(times),
             "p99_s": float(np.percentile(times, 99)), "reps": len(times), "items_per_s": batch / med}
 
@@ -389,7 +394,7 @@ def main() -> int:
     p.add_argument("--rounds", type=int, default=3, help="interleaved rounds per cell; the median round is reported")
     p.add_argument("--baseline", type=Path, metavar="DIR", help="another kubetrt checkout, measured as engine 'baseline'")
     p.add_argument("--isa", choices=ISA_CAPS, default="native",
-                   help="avx2: kubetrt (and the baseline) and OpenVINO run their AVX2 code on this CPU; onnxruntime has no switch")
+                   help="avx2: kubetrt (and the baseline), onnxruntime and OpenVINO run their AVX2 code on this CPU")
     p.add_argument("--worker", nargs=5, metavar=("ENGINE", "MODEL", "BATCH", "PACKAGE", "SAVEDMODEL"), help=argparse.SUPPRESS)
     p.add_argument("--peak", action="store_true", help=argparse.SUPPRESS)
     a = p.parse_args()
@@ -447,10 +452,10 @@ def main() -> int:
                 sources.setdefault(e, r["source"])
         print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
     print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}")
-    tag = cpu_tag(f"kubetrt and openvino at {a.isa}" if a.isa != "native" else "")
+    tag = cpu_tag(f"kubetrt, onnxruntime and openvino at {a.isa}" if a.isa != "native" else "")
     if a.isa != "native":
-        print(f"capped at {a.isa.upper()}: kubetrt (its own kernels, oneMKL and NumPy too) and OpenVINO; "
-              "onnxruntime at this CPU's own ISA (it has no switch)")
+        print(f"capped at {a.isa.upper()}: kubetrt (its own kernels, oneMKL and NumPy too), OpenVINO (its oneDNN) and "
+              "onnxruntime (a copy that reads XCR0 without AVX-512 state); TensorFlow at this CPU's own ISA")
     print("ISA dispatched: " + "; ".join(f"{e} {', '.join(isas)}" for e, isas in dispatched(results).items()))
     print()
     head = f"{'model':<16}{'batch':>6}" + "".join(f"{e:>18}" for e in engines)

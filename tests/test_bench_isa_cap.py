@@ -1,6 +1,7 @@
 """bench/runtime.py --isa avx2: the environment it gives kubetrt's workers really keeps every kernel
 source to AVX2 (oneDNN's dispatch and the blocked layout that follows it, numba's code, NumPy's
-dispatch), and the one it gives OpenVINO's keeps its kernels to AVX2, on whatever CPU the suite runs."""
+dispatch), and the ones it gives OpenVINO's and onnxruntime's keep their kernels to AVX2, on
+whatever CPU the suite runs."""
 from __future__ import annotations
 
 import json
@@ -105,9 +106,70 @@ def test_the_kubetrt_cap_holds_the_openvino_one() -> None:
     assert machine.onednn_cap_env("native") == {}
 
 
-def test_each_runtime_gets_its_own_cap() -> None:
+ONNXRUNTIME_PROBE = """
+import json, os, sys, tempfile
+import numpy as np, onnx, onnxruntime as ort
+from onnx import TensorProto, helper, numpy_helper
+
+# 40 channels: onnxruntime's blocked (NCHWc) layout pads them to its block, 8 floats on AVX2 and
+# 16 on AVX-512, in the weights of the graph it optimized
+w = numpy_helper.from_array(np.ones((40, 40, 3, 3), np.float32), "w")
+graph = helper.make_graph([helper.make_node("Conv", ["x", "w"], ["y"], pads=[1, 1, 1, 1])], "conv",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 40, 16, 16])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 40, 16, 16])], [w])
+options = ort.SessionOptions()
+options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
+options.log_severity_level = 3
+options.optimized_model_filepath = os.path.join(tempfile.mkdtemp(), "optimized.onnx")
+model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+x = np.ones((1, 40, 16, 16), np.float32)
+y = session.run(None, {"x": x})[0]
+optimized = onnx.load(options.optimized_model_filepath)
+print(json.dumps({"package": ort.__file__, "weights": [list(t.dims) for t in optimized.graph.initializer],
+                  "centre": float(y[0, 0, 8, 8])}))
+"""
+
+
+@pytest.fixture(scope="module")
+def capped_onnxruntime(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A bench cache holding onnxruntime's AVX2 copy, made once for the module's tests."""
+    pytest.importorskip("onnxruntime")
+    cache = tmp_path_factory.mktemp("bench-cache")
+    machine.onnxruntime_cap_env("avx2", cache)
+    return cache
+
+
+def onnxruntime_probe(env: dict[str, str]) -> dict[str, object]:
+    out = subprocess.run([sys.executable, "-c", ONNXRUNTIME_PROBE], env={**os.environ, **env}, capture_output=True,
+                         text=True, check=True, timeout=300)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.xdist_group("onnxruntime_cap")
+def test_the_avx2_cap_keeps_onnxruntimes_kernels_to_avx2(capped_onnxruntime: Path) -> None:
+    capped = onnxruntime_probe(machine.onnxruntime_cap_env("avx2", capped_onnxruntime))
+    assert Path(str(capped["package"])).is_relative_to(capped_onnxruntime)  # the copy, not the package installed
+    assert capped["weights"] == [[40, 40, 3, 3]]  # AVX2's blocks of 8: 40 channels need no padding
+    assert capped["centre"] == 40 * 9  # and the copy computes: a 3x3x40 window of ones
+    if "avx512f" in machine._cpuinfo()[1]:  # and it is the cap that does it: uncapped, AVX-512's blocks of 16
+        assert onnxruntime_probe({})["weights"] == [[48, 48, 3, 3]]
+
+
+@pytest.mark.xdist_group("onnxruntime_cap")
+def test_each_runtime_gets_its_own_cap(capped_onnxruntime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBETRT_BENCH_CACHE", str(capped_onnxruntime))
     envs = machine.cap_envs("avx2", ("kubetrt", "baseline"))
     assert envs["kubetrt"] == envs["baseline"] == machine.isa_cap_env("avx2")
     assert envs["openvino"] == machine.onednn_cap_env("avx2")
-    assert "onnxruntime" not in envs  # no switch: it runs at the CPU's own ISA
+    assert envs["onnxruntime"] == envs["onnxruntime-int8"] == machine.onnxruntime_cap_env("avx2", capped_onnxruntime)
+    assert "tensorflow" not in envs  # no switch: it runs at the CPU's own ISA
     assert all(env == {} for env in machine.cap_envs("native").values())
+
+
+def test_the_xcr0_rewrite_replaces_each_xgetbv_and_names_a_wrong_site() -> None:
+    xgetbv, avx_only = b"\x0f\x01\xd0", b"\x8d\x41\x07"  # lea eax, [rcx + 7]
+    code = b"\x31\xc9" + xgetbv + b"\x90" * 4 + xgetbv + b"\x89\xc0"
+    assert machine.xcr0_capped(code, [2, 9]) == b"\x31\xc9" + avx_only + b"\x90" * 4 + avx_only + b"\x89\xc0"
+    with pytest.raises(ValueError, match="0x1: expected xgetbv"):
+        machine.xcr0_capped(code, [1])
