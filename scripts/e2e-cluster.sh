@@ -44,6 +44,8 @@ done_step "$("$HELM" version --short)"
 # ------------------------------------------------------------------ 3. the control plane
 cleanup() {
   podman ps -aq --filter label=io.kubetrt.cluster 2>/dev/null | xargs -r podman rm -f -t 0 >/dev/null 2>&1 || true
+  podman pod ls -q --filter label=io.kubetrt.cluster 2>/dev/null | xargs -r podman pod rm -f >/dev/null 2>&1 || true
+  rm -rf /dev/shm/kubetrt-cluster-*  # the node agent's in-memory emptyDirs
   bash scripts/cluster/control-plane.sh stop "$STATE" || true
 }
 trap cleanup EXIT

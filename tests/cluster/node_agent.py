@@ -16,9 +16,14 @@ the kubelet's part that the tests observe, from the pod object as the API server
   from the pod at 10.0.2.2 (the host's loopback as slirp4netns shows it), given as
   KUBERNETES_SERVICE_HOST/PORT; no kube-proxy runs, so tests pick ready pods by the Service's
   selector, which is what its endpoints hold;
-* volumes: emptyDir, hostPath, a PersistentVolumeClaim bound (by the controller manager) to a
-  hostPath PersistentVolume, and the projected ServiceAccount volume (a token from the
-  TokenRequest API bound to the pod, the kube-root-ca.crt ConfigMap and the namespace);
+* a pod of several containers (a serving pod with sidecars) runs as a podman pod: one network
+  namespace, so its containers reach each other on 127.0.0.1, each container started, probed,
+  restarted and reported on its own;
+* volumes: emptyDir (medium Memory: a world-writable directory in the host's /dev/shm, one per pod
+  and volume, which every container mounting it shares, as a kubelet's tmpfs is), hostPath, a
+  PersistentVolumeClaim bound (by the controller manager) to a hostPath PersistentVolume, and the
+  projected ServiceAccount volume (a token from the TokenRequest API bound to the pod, the
+  kube-root-ca.crt ConfigMap and the namespace);
 * env with the Downward API, securityContext, resource limits (tests/containers/podman_pods.py's
   translation); a container whose env names a missing Secret waits in CreateContainerConfigError
   (retried every few seconds, as the kubelet does); readinessProbe httpGet; restartPolicy; graceful deletion (the preStop sleep
@@ -57,6 +62,7 @@ CPU_NODE = "cpu-node-1"
 GPU_NODES = {"gpu-h100-1": "NVIDIA-H100-80GB-HBM3", "gpu-a100-1": "NVIDIA-A100-SXM4-80GB"}
 GPU_COMPUTE = {"NVIDIA-H100-80GB-HBM3": ("9", "0", "81559"), "NVIDIA-A100-SXM4-80GB": ("8", "0", "81920")}
 SA_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
+MEMORY_DIR_PREFIX = "kubetrt-cluster-"  # in the host's /dev/shm: e2e-cluster.sh removes what a killed run leaves
 
 
 def now() -> str:
@@ -137,23 +143,52 @@ class Placement:
 
 
 @dataclass
-class RunningPod:
-    uid: str
-    namespace: str
-    name: str
-    container: str  # podman container name
-    spec_container: dict[str, Any]
-    pod_ip: str
-    pod_dir: Path
+class RunningContainer:
+    name: str  # podman container name
+    spec: dict[str, Any]
     term_host: Path
-    restart_policy: str
     started_at: str
     restarts: int = 0
     ready: bool = False
     last_probe: float = 0.0
     terminated: dict[str, Any] | None = None
+
+
+@dataclass
+class RunningPod:
+    uid: str
+    namespace: str
+    name: str
+    containers: list[RunningContainer]
+    pod_ip: str
+    pod_dir: Path
+    restart_policy: str
+    started_at: str
+    podman_pod: str | None = None  # the podman pod of a pod of several containers
+    memory_dirs: list[Path] = field(default_factory=list)  # its in-memory emptyDirs, in the host's /dev/shm
     stopping: bool = False
     status_sent: str = ""
+
+    @property
+    def container(self) -> str:
+        """The first container's podman name (the only one, for most pods)."""
+        return self.containers[0].name
+
+    @property
+    def terminated(self) -> dict[str, Any] | None:
+        """Set once every container has ended: the first failed one's state, else the first's."""
+        if any(c.terminated is None for c in self.containers):
+            return None
+        return next((c.terminated for c in self.containers if c.terminated and c.terminated["exitCode"]),
+                    self.containers[0].terminated)
+
+    @property
+    def restarts(self) -> int:
+        return sum(c.restarts for c in self.containers)
+
+    @property
+    def ready(self) -> bool:
+        return all(c.ready and c.terminated is None for c in self.containers)
 
 
 @dataclass
@@ -188,8 +223,7 @@ class NodeAgent:
         if self._thread is not None:
             self._thread.join(timeout=30)
         for pod in list(self.pods.values()):
-            podman("rm", "-f", "-t", "0", pod.container, check=False)
-            shutil.rmtree(pod.pod_dir, ignore_errors=True)
+            _remove(pod)
         self.pods.clear()
         for ip in sorted(self._addresses):
             subprocess.run(["ip", "addr", "del", f"{ip}/32", "dev", "lo"], capture_output=True)
@@ -294,23 +328,26 @@ class NodeAgent:
 
     def _pod_status(self, pod: RunningPod) -> dict[str, Any]:
         t = now()
-        c = pod.spec_container
-        cs: dict[str, Any] = {"name": c["name"], "image": c["image"], "imageID": c["image"],
-                              "containerID": f"podman://{pod.container}", "restartCount": pod.restarts}
-        if pod.terminated is not None:
-            cs.update(ready=False, started=False, state={"terminated": pod.terminated})
-        else:
-            cs.update(ready=pod.ready, started=True, state={"running": {"startedAt": pod.started_at}})
-        ready = "True" if pod.ready and pod.terminated is None else "False"
+        statuses = []
+        for rc in pod.containers:
+            cs: dict[str, Any] = {"name": rc.spec["name"], "image": rc.spec["image"], "imageID": rc.spec["image"],
+                                  "containerID": f"podman://{rc.name}", "restartCount": rc.restarts}
+            if rc.terminated is not None:
+                cs.update(ready=False, started=False, state={"terminated": rc.terminated})
+            else:
+                cs.update(ready=rc.ready, started=True, state={"running": {"startedAt": rc.started_at}})
+            statuses.append(cs)
+        ready = "True" if pod.ready else "False"
         conditions = [{"type": "PodScheduled", "status": "True"}, {"type": "Initialized", "status": "True"},
                       {"type": "ContainersReady", "status": ready}, {"type": "Ready", "status": ready}]
         phase = "Running"
-        if pod.terminated is not None and pod.restart_policy != "Always":
-            failed = pod.terminated["exitCode"] != 0
+        ended = pod.terminated
+        if ended is not None and pod.restart_policy != "Always":
+            failed = ended["exitCode"] != 0
             if not failed or pod.restart_policy == "Never":
                 phase = "Failed" if failed else "Succeeded"
         return {"phase": phase, "podIP": pod.pod_ip, "podIPs": [{"ip": pod.pod_ip}], "hostIP": "127.0.0.1",
-                "hostIPs": [{"ip": "127.0.0.1"}], "startTime": pod.started_at, "containerStatuses": [cs],
+                "hostIPs": [{"ip": "127.0.0.1"}], "startTime": pod.started_at, "containerStatuses": statuses,
                 "conditions": [{**cond, "lastTransitionTime": t} for cond in conditions]}
 
     def _report(self, pod: RunningPod) -> None:
@@ -340,14 +377,17 @@ class NodeAgent:
         if running is not None:
             running.stopping = True
             if running.terminated is None:
-                running.ready = False
+                for rc in running.containers:
+                    rc.ready = False
                 self._report(running)
-                sleep = ((running.spec_container.get("lifecycle") or {}).get("preStop") or {}).get("sleep")
-                if sleep:  # the preStop sleep action, within the grace period
-                    pause = min(int(sleep["seconds"]), grace)
+                pause = max((int(sleep["seconds"]) for rc in running.containers
+                             if (sleep := ((rc.spec.get("lifecycle") or {}).get("preStop") or {}).get("sleep"))),
+                            default=0)
+                if pause:  # the preStop sleep actions (side by side), within the grace period
+                    pause = min(pause, grace)
                     time.sleep(pause)
                     grace -= pause
-            podman("stop", "-t", str(grace), running.container, check=False, timeout=grace + 60)
+            podman("stop", "-t", str(grace), *(rc.name for rc in running.containers), check=False, timeout=grace + 60)
             self._forget(uid)
         try:
             kubernetes.client.CoreV1Api(self.api).delete_namespaced_pod(
@@ -361,8 +401,7 @@ class NodeAgent:
     def _forget(self, uid: str) -> None:
         pod = self.pods.pop(uid, None)
         if pod is not None:
-            podman("rm", "-f", "-t", "0", pod.container, check=False)
-            shutil.rmtree(pod.pod_dir, ignore_errors=True)
+            _remove(pod)
 
     def _pod_ip(self) -> str:
         ip = f"{POD_NET}.{self._next_ip}"
@@ -377,50 +416,68 @@ class NodeAgent:
     def _run(self, pod: Mapping[str, Any]) -> None:
         meta, spec = pod["metadata"], pod["spec"]
         ns, name, uid = meta["namespace"], meta["name"], meta["uid"]
-        if len(spec["containers"]) != 1 or spec.get("initContainers"):
-            raise RuntimeError(f"pod {ns}/{name}: the node agent runs pods of one container, no init containers")
-        c = spec["containers"][0]
+        if spec.get("initContainers"):
+            raise RuntimeError(f"pod {ns}/{name}: the node agent runs no init containers")
+        envs = {}
+        for c in spec["containers"]:
+            try:
+                envs[c["name"]] = {"KUBERNETES_SERVICE_HOST": POD_VIEW_OF_HOST, "KUBERNETES_SERVICE_PORT": str(self.api_port),
+                                   "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
+                                   **downward_api.container_env(c, name, ns, secrets=self._secrets(ns, c))}
+            except ValueError as e:
+                reason, _, message = str(e).partition(": ")
+                if reason != "CreateContainerConfigError":
+                    raise
+                self._config_retry[uid] = time.monotonic() + 5
+                self._waiting(pod, c["name"], reason, message)
+                return
+        self._config_retry.pop(uid, None)
         pod_dir = Path(tempfile.mkdtemp(prefix=f"kubetrt-cluster-{name[:40]}-"))
         os.chmod(pod_dir, 0o755)
         ip = self._pod_ip()
-        container = f"k8s_{ns}_{name}_{c['name']}"[:120]
-        pod_sc, sc = spec.get("securityContext") or {}, c.get("securityContext") or {}
-        args = ["run", "--detach", "--name", container, "--label", f"{CLUSTER_LABEL}={uid}",
-                "--network", "slirp4netns:allow_host_loopback=true", "--hostname", name[:63], "--pull", "never",
-                *_user(pod_sc, sc, c["image"]), *_security(sc, pod_sc), *_resources(c.get("resources") or {})]
-        for port in c.get("ports") or []:
-            args += ["-p", f"{ip}:{port['containerPort']}:{port['containerPort']}/{port.get('protocol', 'TCP').lower()}"]
-        args += self._volumes(pod, c, pod_dir)
-        term_host, term_mount = termination_log(c, pod_dir)
-        try:
-            env = {"KUBERNETES_SERVICE_HOST": POD_VIEW_OF_HOST, "KUBERNETES_SERVICE_PORT": str(self.api_port),
-                   "KUBERNETES_SERVICE_PORT_HTTPS": str(self.api_port),
-                   **downward_api.container_env(c, name, ns, secrets=self._secrets(ns, c))}
-        except ValueError as e:
-            reason, _, message = str(e).partition(": ")
-            if reason != "CreateContainerConfigError":
-                raise
-            shutil.rmtree(pod_dir, ignore_errors=True)
-            self._config_retry[uid] = time.monotonic() + 5
-            self._waiting(pod, reason, message)
-            return
-        self._config_retry.pop(uid, None)
-        args += [*term_mount, *process_args(c, env)]
-        podman("rm", "-f", "-t", "0", container, check=False)
-        running = RunningPod(uid, ns, name, container, c, ip, pod_dir, term_host, spec.get("restartPolicy", "Always"),
-                             now())
-        proc = podman(*args, check=False, timeout=300)
-        if proc.returncode != 0:
-            running.terminated = {"exitCode": 128, "reason": "ContainerCannotRun", "message": proc.stderr[-2000:],
-                                  "startedAt": running.started_at, "finishedAt": now()}
-        running.ready = proc.returncode == 0 and "readinessProbe" not in c
+        pod_sc = spec.get("securityContext") or {}
+        network = ["--network", "slirp4netns:allow_host_loopback=true", "--hostname", name[:63]]
+        ports = [arg for c in spec["containers"] for port in c.get("ports") or []
+                 for arg in ("-p", f"{ip}:{port['containerPort']}:{port['containerPort']}/{port.get('protocol', 'TCP').lower()}")]
+        running = RunningPod(uid, ns, name, [], ip, pod_dir, spec.get("restartPolicy", "Always"), now())
+        if len(spec["containers"]) > 1:  # one network namespace for all: a podman pod holds it
+            running.podman_pod = f"k8s_{ns}_{name}"[:120]
+            podman("pod", "rm", "-f", running.podman_pod, check=False)
+            podman("pod", "create", "--name", running.podman_pod, "--label", f"{CLUSTER_LABEL}={uid}", *network, *ports,
+                   timeout=120)
+            placement = ["--pod", running.podman_pod]
+        else:
+            placement = [*network, *ports]
+        memory: dict[str, Path] = {}  # the pod's in-memory emptyDirs, shared by the containers mounting them
+        for c in spec["containers"]:
+            container = f"k8s_{ns}_{name}_{c['name']}"[:120]
+            sc = c.get("securityContext") or {}
+            container_dir = pod_dir / c["name"]
+            container_dir.mkdir()
+            os.chmod(container_dir, 0o755)
+            term_host, term_mount = termination_log(c, container_dir)
+            args = ["run", "--detach", "--name", container, "--label", f"{CLUSTER_LABEL}={uid}", *placement,
+                    "--pull", "never", *_user(pod_sc, sc, c["image"]), *_security(sc, pod_sc),
+                    *_resources(c.get("resources") or {}), *self._volumes(pod, c, pod_dir, memory),
+                    *term_mount, *process_args(c, envs[c["name"]])]
+            podman("rm", "-f", "-t", "0", container, check=False)
+            rc = RunningContainer(container, c, term_host, now())
+            running.containers.append(rc)
+            running.memory_dirs = list(memory.values())
+            proc = podman(*args, check=False, timeout=300)
+            if proc.returncode != 0:
+                rc.terminated = {"exitCode": 128, "reason": "ContainerCannotRun", "message": proc.stderr[-2000:],
+                                 "startedAt": rc.started_at, "finishedAt": now()}
+            rc.ready = proc.returncode == 0 and "readinessProbe" not in c
         self.pods[uid] = running
         self._report(running)
 
-    def _waiting(self, pod: Mapping[str, Any], reason: str, message: str) -> None:
-        """The pod's container cannot be created yet: Pending, its container waiting with the reason."""
-        meta, c = pod["metadata"], pod["spec"]["containers"][0]
-        have = [cs.get("state", {}).get("waiting", {}) for cs in (pod.get("status") or {}).get("containerStatuses") or []]
+    def _waiting(self, pod: Mapping[str, Any], container: str, reason: str, message: str) -> None:
+        """A container of the pod cannot be created yet: Pending, that container waiting with the
+        reason, the others still being created."""
+        meta, containers = pod["metadata"], pod["spec"]["containers"]
+        have = [cs.get("state", {}).get("waiting", {}) for cs in (pod.get("status") or {}).get("containerStatuses") or []
+                if cs["name"] == container]
         if have and have[0].get("reason") == reason and have[0].get("message") == message:
             return  # reported already: the retry found the same
         t = now()
@@ -430,7 +487,8 @@ class NodeAgent:
                            {"type": "Ready", "status": "False", "reason": "ContainersNotReady", "lastTransitionTime": t}],
             "containerStatuses": [{"name": c["name"], "image": c["image"], "imageID": "", "ready": False,
                                    "restartCount": 0, "started": False,
-                                   "state": {"waiting": {"reason": reason, "message": message}}}]})
+                                   "state": {"waiting": {"reason": reason, "message": message} if c["name"] == container
+                                             else {"reason": "ContainerCreating"}}} for c in containers]})
 
     def _secrets(self, ns: str, c: Mapping[str, Any]) -> dict[str, dict[str, str]]:
         names = {s["secretRef"]["name"] for s in c.get("envFrom") or [] if "secretRef" in s}
@@ -448,17 +506,19 @@ class NodeAgent:
             out[n] = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
         return out
 
-    def _volumes(self, pod: Mapping[str, Any], c: Mapping[str, Any], pod_dir: Path) -> list[str]:
+    def _volumes(self, pod: Mapping[str, Any], c: Mapping[str, Any], pod_dir: Path, memory: dict[str, Path]) -> list[str]:
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
         args: list[str] = []
         for mount in c.get("volumeMounts") or []:
             vol = volumes[mount["name"]]
             ro = ":ro" if mount.get("readOnly") else ""
             host = pod_dir / "volumes" / mount["name"]
-            if "emptyDir" in vol:
-                if (vol["emptyDir"] or {}).get("medium") == "Memory":
-                    args += ["--tmpfs", f"{mount['mountPath']}:rw,mode=1777"]
-                    continue
+            if "emptyDir" in vol and (vol["emptyDir"] or {}).get("medium") == "Memory":
+                if mount["name"] not in memory:
+                    memory[mount["name"]] = Path(tempfile.mkdtemp(prefix=MEMORY_DIR_PREFIX, dir="/dev/shm"))
+                    os.chmod(memory[mount["name"]], 0o1777)
+                host = memory[mount["name"]]
+            elif "emptyDir" in vol:
                 host.mkdir(parents=True, exist_ok=True)
                 os.chmod(host, 0o777)
             elif "hostPath" in vol:
@@ -537,46 +597,57 @@ class NodeAgent:
         for pod in list(self.pods.values()):
             if pod.stopping or pod.uid in self._busy:
                 continue
-            state = states.get(pod.container)
-            if pod.terminated is None and state is not None and state.get("Exited"):
-                self._exited(pod, int(state.get("ExitCode", 0)))
-            elif pod.terminated is None and "readinessProbe" in pod.spec_container:
-                self._probe(pod)
+            for rc in pod.containers:
+                state = states.get(rc.name)
+                if rc.terminated is None and state is not None and state.get("Exited"):
+                    self._exited(pod, rc, int(state.get("ExitCode", 0)))
+                elif rc.terminated is None and "readinessProbe" in rc.spec:
+                    self._probe(pod, rc)
             self._report(pod)
 
-    def _exited(self, pod: RunningPod, code: int) -> None:
-        c = pod.spec_container
-        text = pod.term_host.read_text(errors="replace")[:4096]
+    def _exited(self, pod: RunningPod, rc: RunningContainer, code: int) -> None:
+        c = rc.spec
+        text = rc.term_host.read_text(errors="replace")[:4096]
         if not text.strip() and code != 0 and c.get("terminationMessagePolicy") == "FallbackToLogsOnError":
-            text = "\n".join(logs(pod.container).splitlines()[-80:])[-2048:]
-        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": pod.started_at,
-                      "finishedAt": now(), "containerID": f"podman://{pod.container}"}
+            text = "\n".join(logs(rc.name).splitlines()[-80:])[-2048:]
+        terminated = {"exitCode": code, "reason": "Completed" if code == 0 else "Error", "startedAt": rc.started_at,
+                      "finishedAt": now(), "containerID": f"podman://{rc.name}"}
         if text:
             terminated["message"] = text
         restart = pod.restart_policy == "Always" or (pod.restart_policy == "OnFailure" and code != 0)
         if restart:
-            pod.restarts += 1
-            pod.ready = False
-            podman("start", pod.container, check=False)
-            pod.started_at = now()
+            rc.restarts += 1
+            rc.ready = False
+            podman("start", rc.name, check=False)
+            rc.started_at = now()
         else:
-            pod.terminated = terminated
-            pod.ready = False
+            rc.terminated = terminated
+            rc.ready = False
 
-    def _probe(self, pod: RunningPod) -> None:
-        probe = pod.spec_container["readinessProbe"]
-        if time.monotonic() - pod.last_probe < min(float(probe.get("periodSeconds", 10)), 1.0):
+    def _probe(self, pod: RunningPod, rc: RunningContainer) -> None:
+        probe = rc.spec["readinessProbe"]
+        if time.monotonic() - rc.last_probe < min(float(probe.get("periodSeconds", 10)), 1.0):
             return
-        pod.last_probe = time.monotonic()
+        rc.last_probe = time.monotonic()
         get = probe.get("httpGet")
         if get is None:
             raise RuntimeError(f"pod {pod.name}: the node agent runs httpGet readiness probes only")
         port = get["port"]
         if isinstance(port, str) and not port.isdigit():
-            port = next(p["containerPort"] for p in pod.spec_container.get("ports") or [] if p.get("name") == port)
+            port = next(p["containerPort"] for p in rc.spec.get("ports") or [] if p.get("name") == port)
         try:
             with urllib.request.urlopen(f"http://{pod.pod_ip}:{port}{get.get('path', '/')}",
                                         timeout=float(probe.get("timeoutSeconds", 1))) as resp:
-                pod.ready = 200 <= resp.status < 400
+                rc.ready = 200 <= resp.status < 400
         except (urllib.error.URLError, ConnectionError, OSError):
-            pod.ready = False
+            rc.ready = False
+
+
+def _remove(pod: RunningPod) -> None:
+    """The pod's containers (its podman pod too), its directory and its in-memory volumes."""
+    podman("rm", "-f", "-t", "0", *(rc.name for rc in pod.containers), check=False)
+    if pod.podman_pod is not None:
+        podman("pod", "rm", "-f", pod.podman_pod, check=False)
+    shutil.rmtree(pod.pod_dir, ignore_errors=True)
+    for d in pod.memory_dirs:
+        shutil.rmtree(d, ignore_errors=True)

@@ -3,7 +3,8 @@
 The pipeline's ModelDeployment for a CPU target and two GPU targets -> EngineBuilds -> Jobs -> the
 CPU build pod, placed on the CPU node by kube-scheduler and run from the builder image, whose
 termination message the operator reads -> the serving Deployment -> ReplicaSet -> pod on the CPU
-node from the serving image -> Ready -> tritonclient at the pod's address. The GPU targets' build
+node from the serving image, with a sidecar sharing its /dev/shm -> Ready -> tritonclient at the
+pod's address, and a shared-memory client in the sidecar. The GPU targets' build
 pods land on exactly their product's node. Then changes and faults: a new model version rolled
 out under a querying client, the operator killed mid-rollout, two operator replicas with
 peering, and deletion through the garbage collector.
@@ -33,7 +34,8 @@ from kubetrt.pipeline.deploy import model_deployment
 from kubetrt.runtime.accuracy import TOLERANCES
 from kubetrt.runtime.target import parse_target
 from node_agent import CPU_NODE, GPU_NODES, NodeAgent
-from podman_pods import BUILDER_IMAGE, SERVING_IMAGE, podman
+from podman_pods import (BUILDER_IMAGE, SERVING_IMAGE, SHM_SIDECAR, assert_sidecar_infers_through_shared_memory,
+                         podman)
 
 if TYPE_CHECKING:
     import kubernetes
@@ -80,6 +82,7 @@ def flow(model: Any, release: Release, tmp_path_factory: pytest.TempPathFactory)
     md = model_deployment(model.deployment["spec"]["model"]["name"], model.deployment["spec"]["model"]["version"],
                           model.deployment["spec"]["model"]["source"]["uri"], [host, *gpu_engine_records(model)],
                           store_uri=model.deployment["spec"]["store"]["uri"], namespace=NS)
+    md["spec"].update(sharedMemory={"sizeLimit": "64Mi"}, sidecars=[SHM_SIDECAR])  # serving pods of two containers
     targets = md["spec"]["targets"]
     cpu = next(t["name"] for t in targets if t.get("cpu"))
     gpus = {t["name"]: t["gpuProduct"] for t in targets if t.get("gpuProduct")}
@@ -227,6 +230,22 @@ def test_tritonclient_at_the_pod_address(applied: Flow, model: Any) -> None:
     say(f"tritonclient -> {address}")
     spec = applied.get()["spec"]["model"]
     _infer(model, address, spec["name"], spec["version"])
+
+
+def test_a_sidecar_infers_through_the_pods_shared_memory(applied: Flow, model: Any, agent: NodeAgent) -> None:
+    """spec.sidecars and spec.sharedMemory through the real scheduler: the serving pod runs both
+    containers, both ready, in one network namespace with one /dev/shm, and a client in the
+    sidecar infers through the pod's shared memory."""
+    (pod,) = [p for p in serving_pods(applied) if _pod_ready(p)]
+    statuses = {c["name"]: c for c in pod["status"]["containerStatuses"]}
+    assert sorted(statuses) == sorted([names.SERVING_CONTAINER, SHM_SIDECAR["name"]])
+    assert all(c["ready"] and "running" in c["state"] for c in statuses.values()), statuses
+    (sidecar,) = [rc.name for rc in agent.pods[pod["metadata"]["uid"]].containers if rc.spec["name"] == SHM_SIDECAR["name"]]
+    spec = applied.get()["spec"]["model"]
+    say(f"shared-memory client in {sidecar} -> 127.0.0.1:{names.SERVING_PORT} (the pod's loopback)")
+    assert_sidecar_infers_through_shared_memory(sidecar, f"http://127.0.0.1:{names.SERVING_PORT}", spec["name"],
+                                                spec["version"], model.inputs, model.tensorflow, HOST_FP32,
+                                                names.SHARED_MEMORY_PATH)
 
 
 # ----------------------------------------------------------------------------- changes and faults

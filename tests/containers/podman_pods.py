@@ -36,6 +36,9 @@ SERVING_IMAGE = f"localhost/kubetrt/serving:{TAG}"
 BUILDER_IMAGE = f"localhost/kubetrt/builder:{TAG}"
 OPERATOR_IMAGE = f"localhost/kubetrt/operator:{TAG}"
 IMAGE_UID = 65532  # USER of docker/*.Dockerfile
+# A user's preprocessing container beside the server (spec.sidecars), idle until a test runs a client in it
+SHM_SIDECAR = {"name": "preprocess", "image": SERVING_IMAGE, "command": ["python", "-c", "import time; time.sleep(1e9)"]}
+SHM_CLIENT = Path(__file__).with_name("shm_sidecar_client.py")
 _START = time.monotonic()
 
 
@@ -325,3 +328,33 @@ def wait_http_ready(url: str, container: str, timeout: float = 180.0) -> float:
                            f"log tail:\n{logs(container)[-4000:]}")
         time.sleep(0.5)
     raise PodError(f"{url} not ready after {timeout:.0f}s; {container} log tail:\n{logs(container)[-4000:]}")
+
+
+# ----------------------------------------------------------------------------- a sidecar's client
+def assert_sidecar_infers_through_shared_memory(sidecar: str, server: str, model_name: str, model_version: str,
+                                                inputs: Mapping[str, Any], expected: Mapping[str, Any],
+                                                tolerance: float, shm_path: str) -> None:
+    """Runs SHM_CLIENT in the `sidecar` container against the server at `server` (the pod's
+    loopback): the input goes into the pod's shared memory, the server answers into it, and what
+    the sidecar reads back from there must be `expected` (name -> array) within `tolerance`."""
+    import base64
+
+    import numpy as np
+
+    request = {"server": server, "model": model_name, "version": model_version,
+               "inputs": {n: [list(x.shape), base64.b64encode(np.asarray(x).astype("<f4").tobytes()).decode()]
+                          for n, x in inputs.items()},
+               "outputs": {n: int(np.asarray(ref).size) for n, ref in expected.items()}}
+    proc = podman("exec", "-i", sidecar, "python", "-", json.dumps(request), stdin=SHM_CLIENT.read_text(), check=False)
+    assert proc.returncode == 0, f"the sidecar's client failed:\n{proc.stderr[-3000:]}"
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert {r["name"] for r in got["status"]} == {f"in-{n}" for n in inputs} | {f"out-{n}" for n in expected}
+    for out in got["answer"]:  # the answer names the region instead of carrying the data
+        assert "data" not in out and out["parameters"]["shared_memory_region"] == f"out-{out['name']}", out
+    for name, ref in sorted(expected.items()):
+        ref = np.asarray(ref)
+        read = np.asarray(got["read"][name], np.float32).reshape(ref.shape)
+        err = float(np.max(np.abs(read.astype(np.float64) - ref)))
+        print(f"sidecar through {shm_path}: output {name} shape {list(read.shape)} max abs error vs "
+              f"TensorFlow {err:.2e} (tolerance {tolerance:g})", flush=True)
+        np.testing.assert_allclose(read, ref, rtol=tolerance, atol=tolerance, err_msg=f"output {name}")

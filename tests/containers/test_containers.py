@@ -10,7 +10,6 @@ from a hostPath. Nothing here writes a pod's command line: pods run what the obj
 """
 from __future__ import annotations
 
-import base64
 import copy
 import datetime
 import json
@@ -30,8 +29,9 @@ from kubetrt.operators import names, objects, status
 from kubetrt.operators.objects import OperatorConfig
 from kubetrt.pipeline.store import open_store
 from kubetrt.runtime.accuracy import TOLERANCES
-from podman_pods import (BUILDER_IMAGE, E2E_LABEL, IMAGE_UID, OPERATOR_IMAGE, SERVING_IMAGE, PodError, Played, inspect,
-                         kube_play, logs, podman, run_pod, say, wait_http_ready)
+from podman_pods import (BUILDER_IMAGE, E2E_LABEL, IMAGE_UID, OPERATOR_IMAGE, SERVING_IMAGE, SHM_SIDECAR, PodError, Played,
+                         assert_sidecar_infers_through_shared_memory, inspect, kube_play, logs, podman, run_pod, say,
+                         wait_http_ready)
 from downward_api import quantity, resource_field
 
 if TYPE_CHECKING:
@@ -44,9 +44,6 @@ HOST_FP32 = TOLERANCES[("fp32", "host")]  # atol = rtol, as verification of host
 LIMITS = {"cpu": "1", "memory": "2Gi"}  # what a user sets on the CPU target (spec.targets[].resources)
 NUMBA_FALLBACK = "numba cache fallback"  # runtime/kernels/jit.py's one log line
 USER_PORT = 8090
-# A user's preprocessing container beside the server (spec.sidecars), idle until the test runs a client in it
-SIDECAR = {"name": "preprocess", "image": SERVING_IMAGE, "command": ["python", "-c", "import time; time.sleep(1e9)"]}
-SHM_CLIENT = Path(__file__).with_name("shm_sidecar_client.py")
 
 
 def _now() -> str:
@@ -79,7 +76,7 @@ def operator(model: PipelineModel) -> Operator:
     md["metadata"]["uid"] = "00000000-0000-0000-0000-00000000e2e0"
     assert len(md["spec"]["targets"]) == 1 and md["spec"]["targets"][0].get("cpu"), md["spec"]["targets"]
     md["spec"]["targets"][0]["resources"] = {"limits": dict(LIMITS)}
-    md["spec"].update(sharedMemory={"sizeLimit": "64Mi"}, sidecars=[SIDECAR])
+    md["spec"].update(sharedMemory={"sizeLimit": "64Mi"}, sidecars=[SHM_SIDECAR])
     spec = objects.normalized_spec(md)
     assert objects.validate_spec(spec) == []
     target = objects.resolve_target(spec, spec["targets"][0])
@@ -271,23 +268,9 @@ def test_a_sidecar_infers_through_the_pods_shared_memory(model: PipelineModel, s
     """spec.sharedMemory and spec.sidecars as the operator generates them: a client in the sidecar
     container puts the input in the pod's /dev/shm, the server reads it there and writes the output
     there, and the sidecar reads TensorFlow's answer back from it."""
-    sidecar = serving.played.containers[SIDECAR["name"]]
-    request = {"server": serving.url, "model": serving.model_name, "version": serving.model_version,
-               "inputs": {n: [list(x.shape), base64.b64encode(x.astype("<f4").tobytes()).decode()]
-                          for n, x in model.inputs.items()},
-               "outputs": {n: int(ref.size) for n, ref in model.tensorflow.items()}}
-    proc = podman("exec", "-i", sidecar, "python", "-", json.dumps(request), stdin=SHM_CLIENT.read_text(), check=False)
-    assert proc.returncode == 0, f"the sidecar's client failed:\n{proc.stderr[-3000:]}"
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert {r["name"] for r in got["status"]} == {f"in-{n}" for n in model.inputs} | {f"out-{n}" for n in model.tensorflow}
-    for out in got["answer"]:  # the answer names the region instead of carrying the data
-        assert "data" not in out and out["parameters"]["shared_memory_region"] == f"out-{out['name']}", out
-    for name, ref in sorted(model.tensorflow.items()):
-        read = np.asarray(got["read"][name], np.float32).reshape(ref.shape)
-        err = float(np.max(np.abs(read.astype(np.float64) - ref)))
-        print(f"sidecar through {names.SHARED_MEMORY_PATH}: output {name} shape {list(read.shape)} max abs error vs "
-              f"TensorFlow {err:.2e} (tolerance {HOST_FP32:g})", flush=True)
-        np.testing.assert_allclose(read, ref, rtol=HOST_FP32, atol=HOST_FP32, err_msg=f"output {name}")
+    assert_sidecar_infers_through_shared_memory(serving.played.containers[SHM_SIDECAR["name"]], serving.url,
+                                                serving.model_name, serving.model_version, model.inputs,
+                                                model.tensorflow, HOST_FP32, names.SHARED_MEMORY_PATH)
 
 
 def test_serving_pod_runs_as_generated(serving: Serving) -> None:
