@@ -234,7 +234,7 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
         isa = run.isa()
     elif engine in KUBETRT_ENGINES and "kubetrt.runtime.kernels.onednn" in sys.modules:
         isa = sys.modules["kubetrt.runtime.kernels.onednn"].isa_name()
-    elif "onnxruntime" in sys.modules:  # a capped copy says so; the package as installed does not say
+    elif engine in ("onnxruntime", "onnxruntime-int8"):  # a capped copy says so; the package as installed does not
         from _machine import ISA_CAP_MARK
 
         mark = Path(sys.modules["onnxruntime"].__file__ or "").parent / ISA_CAP_MARK

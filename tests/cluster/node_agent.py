@@ -165,7 +165,7 @@ class RunningPod:
     restart_policy: str
     started_at: str
     podman_pod: str | None = None  # the podman pod of a pod of several containers
-    memory_dirs: list[Path] = field(default_factory=list)  # its in-memory emptyDirs, in the host's /dev/shm
+    memory_dirs: dict[str, Path] = field(default_factory=dict)  # volume -> its in-memory emptyDir, in the host's /dev/shm
     stopping: bool = False
     status_sent: str = ""
 
@@ -448,7 +448,6 @@ class NodeAgent:
             placement = ["--pod", running.podman_pod]
         else:
             placement = [*network, *ports]
-        memory: dict[str, Path] = {}  # the pod's in-memory emptyDirs, shared by the containers mounting them
         for c in spec["containers"]:
             container = f"k8s_{ns}_{name}_{c['name']}"[:120]
             sc = c.get("securityContext") or {}
@@ -458,12 +457,11 @@ class NodeAgent:
             term_host, term_mount = termination_log(c, container_dir)
             args = ["run", "--detach", "--name", container, "--label", f"{CLUSTER_LABEL}={uid}", *placement,
                     "--pull", "never", *_user(pod_sc, sc, c["image"]), *_security(sc, pod_sc),
-                    *_resources(c.get("resources") or {}), *self._volumes(pod, c, pod_dir, memory),
+                    *_resources(c.get("resources") or {}), *self._volumes(pod, c, running),
                     *term_mount, *process_args(c, envs[c["name"]])]
             podman("rm", "-f", "-t", "0", container, check=False)
             rc = RunningContainer(container, c, term_host, now())
             running.containers.append(rc)
-            running.memory_dirs = list(memory.values())
             proc = podman(*args, check=False, timeout=300)
             if proc.returncode != 0:
                 rc.terminated = {"exitCode": 128, "reason": "ContainerCannotRun", "message": proc.stderr[-2000:],
@@ -506,13 +504,16 @@ class NodeAgent:
             out[n] = {k: base64.b64decode(v).decode() for k, v in (secret.data or {}).items()}
         return out
 
-    def _volumes(self, pod: Mapping[str, Any], c: Mapping[str, Any], pod_dir: Path, memory: dict[str, Path]) -> list[str]:
+    def _volumes(self, pod: Mapping[str, Any], c: Mapping[str, Any], running: RunningPod) -> list[str]:
+        """The container's mounts; an in-memory emptyDir is made once per pod (running.memory_dirs),
+        so every container mounting it shares it."""
         volumes = {v["name"]: v for v in pod["spec"].get("volumes") or []}
+        memory = running.memory_dirs
         args: list[str] = []
         for mount in c.get("volumeMounts") or []:
             vol = volumes[mount["name"]]
             ro = ":ro" if mount.get("readOnly") else ""
-            host = pod_dir / "volumes" / mount["name"]
+            host = running.pod_dir / "volumes" / mount["name"]
             if "emptyDir" in vol and (vol["emptyDir"] or {}).get("medium") == "Memory":
                 if mount["name"] not in memory:
                     memory[mount["name"]] = Path(tempfile.mkdtemp(prefix=MEMORY_DIR_PREFIX, dir="/dev/shm"))
@@ -649,5 +650,5 @@ def _remove(pod: RunningPod) -> None:
     if pod.podman_pod is not None:
         podman("pod", "rm", "-f", pod.podman_pod, check=False)
     shutil.rmtree(pod.pod_dir, ignore_errors=True)
-    for d in pod.memory_dirs:
+    for d in pod.memory_dirs.values():
         shutil.rmtree(d, ignore_errors=True)
