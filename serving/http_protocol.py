@@ -8,11 +8,11 @@ leaves with it in one send; a head the app sends alone (an answer streamed later
 of the loop's turn.
 
 uvicorn appends every piece of a request body to a bytearray and copies it out again for the app,
-and stops reading the socket at 64 KiB until the app has taken it: a tensor of megabytes was copied
-twice more than it needs and took a dozen turns of the event loop, all of it holding the GIL that
-the parsing threads and the runtime's run threads wait for. Here the pieces httptools makes are
-kept as they are and joined once, when the app reads them, and reading goes on up to
-HIGH_WATER_BYTES.
+wakes the app for every piece, and stops reading the socket at 64 KiB until the app has taken it: a
+tensor of megabytes was copied twice more than it needs and took a dozen turns of the event loop,
+all of it holding the GIL that the parsing threads and the runtime's run threads wait for. Here the
+pieces httptools makes are kept as they are and joined once, when the app reads them; the app is
+woken when the body has ended or HIGH_WATER_BYTES are held, when reading pauses until it has taken them.
 """
 from __future__ import annotations
 
@@ -104,6 +104,6 @@ class ServingHttpProtocol(HttpToolsProtocol):
             held = BodyPieces(held)
             cycle.body = held  # type: ignore[assignment]  # the cycle takes only len() and bytes() of it
         held.append(body)
-        if len(held) > HIGH_WATER_BYTES:
+        if len(held) > HIGH_WATER_BYTES:  # the app takes what is held; the body's end wakes it otherwise
             self.flow.pause_reading()
-        cycle.message_event.set()
+            cycle.message_event.set()
