@@ -13,7 +13,7 @@ import tempfile
 from collections import Counter
 from functools import lru_cache
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 # /proc/cpuinfo flag -> the name a reader looks for, widest last within each family
 _ISA_FLAGS = (("avx2", "AVX2"), ("avx_vnni", "AVX-VNNI"), ("avx512f", "AVX-512"), ("avx512_vnni", "VNNI"),
@@ -75,6 +75,12 @@ def device_line(device: str) -> str:
 
 
 ISA_CAPS = ("native", "avx2")
+
+
+def bench_cache() -> Path:
+    """Where the benches keep what they install and build once (the peers' venvs, load generators,
+    capped runtimes); bench/peers/setup.sh reads the same variable with the same default."""
+    return Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
 _WIDER_THAN_AVX2 = ("avx512", "amx", "avx10")  # LLVM feature names of the vector sets above AVX2
 
 
@@ -164,8 +170,7 @@ def onnxruntime_cap_env(cap: str, cache: Path | None = None) -> dict[str, str]:
     package = Path(next(iter(spec.submodule_search_locations)))
     from importlib.metadata import version
 
-    cache = cache or Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
-    root = cache / "isa-caps" / f"onnxruntime-{version('onnxruntime')}-{cap}"
+    root = (cache or bench_cache()) / "isa-caps" / f"onnxruntime-{version('onnxruntime')}-{cap}"
     if not (root / "onnxruntime" / ISA_CAP_MARK).is_file():
         root.parent.mkdir(parents=True, exist_ok=True)
         work = Path(tempfile.mkdtemp(dir=root.parent, prefix=f".{root.name}-"))
@@ -187,12 +192,24 @@ def onnxruntime_cap_env(cap: str, cache: Path | None = None) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join([str(root), *filter(None, [os.environ.get("PYTHONPATH")])])}
 
 
-def cap_envs(cap: str, kubetrt: tuple[str, ...] = ("kubetrt",)) -> dict[str, dict[str, str]]:
-    """Per runtime a bench runs (`kubetrt`: the names its kubetrt workers go by), the environment
-    that keeps it to `cap`: kubetrt's whole (isa_cap_env), OpenVINO's oneDNN (onednn_cap_env),
-    onnxruntime's XCR0 (onnxruntime_cap_env); TensorFlow has none."""
-    mine, ort = isa_cap_env(cap), onnxruntime_cap_env(cap)
-    return {name: mine for name in kubetrt} | {"openvino": onednn_cap_env(cap), "onnxruntime": ort, "onnxruntime-int8": ort}
+ONNXRUNTIME_RUNTIMES = ("onnxruntime", "onnxruntime-int8")
+
+
+def cap_envs(cap: str, runtimes: Iterable[str], kubetrt: tuple[str, ...] = ("kubetrt",)) -> dict[str, dict[str, str]]:
+    """For each of the `runtimes` a bench runs (`kubetrt`: the names its kubetrt workers go by), the
+    environment that keeps it to `cap`: kubetrt's whole (isa_cap_env), OpenVINO's oneDNN
+    (onednn_cap_env), onnxruntime's XCR0 (onnxruntime_cap_env, whose copy is made only where
+    onnxruntime runs); TensorFlow has none."""
+    isa_cap_env(cap)  # checks the cap's name
+    envs: dict[str, dict[str, str]] = {}
+    for name in runtimes:
+        if name in kubetrt:
+            envs[name] = isa_cap_env(cap)
+        elif name == "openvino":
+            envs[name] = onednn_cap_env(cap)
+        elif name in ONNXRUNTIME_RUNTIMES:
+            envs[name] = onnxruntime_cap_env(cap)
+    return envs
 
 
 def openvino_isa(compiled: Any) -> str:

@@ -251,7 +251,7 @@ def main() -> int:
         p.error(f"no zoo model {a.model!r}; available: {', '.join(z.names)}")
     _progress(f"preparing {a.model}")
     package = z.package(a.model)
-    envs = cap_envs(a.isa)
+    envs = cap_envs(a.isa, a.runtimes)
     profiles = {}
     for runtime in a.runtimes:  # one after another: the machine's cores go to one runtime at a time
         _progress(f"profiling {runtime}")

@@ -438,7 +438,7 @@ def main() -> int:
         engines.append(BASELINE)
     _progress("measuring fp32 matmul peak")
     peak = spawn(["--peak"])["gflops"]
-    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, cap_envs(a.isa, KUBETRT_ENGINES))
+    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, cap_envs(a.isa, engines, KUBETRT_ENGINES))
 
     from kubetrt.runtime.kernels import blas, onednn
 

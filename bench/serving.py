@@ -76,7 +76,6 @@ import numpy as np
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 PEERS_DIR = HERE / "peers"
-CACHE = Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
 MODELS = ("small_cnn", "mobilenet_v2")
 PROTOCOLS = ("json", "binary", "grpc", "shm")
 SHM_IN, SHM_OUT = "bench-in", "bench-out"  # the regions the shm protocol's requests name
@@ -87,6 +86,13 @@ TRITON_QUEUE_DELAY_US = 0  # Triton's default: batch what queued while the model
 MLSERVER_BATCH_TIME_S = 0.0005  # MLServer turns its batcher off at 0, so the shortest window that batches
 START_TIMEOUT_S = 300.0
 DTYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64"}
+
+
+def cache_dir() -> Path:
+    """The bench cache (_machine.bench_cache): the peers' venvs and the load generators."""
+    from _machine import bench_cache  # bench/ is on the path: this script's folder
+
+    return bench_cache()
 
 
 # --------------------------------------------------------------------------- the model and its requests
@@ -242,7 +248,7 @@ def free_port() -> int:
 
 
 def peer_python(venv: str) -> Path:
-    python = CACHE / "peers" / venv / "bin" / "python"
+    python = cache_dir() / "peers" / venv / "bin" / "python"
     if not python.exists():
         raise FileNotFoundError(f"{python} missing: run bench/peers/setup.sh {venv}")
     return python
@@ -586,9 +592,9 @@ def wrk_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
 
 
 def ghz_binary() -> str:
-    found = shutil.which("ghz") or str(CACHE / "bin" / "ghz")
+    found = shutil.which("ghz") or str(cache_dir() / "bin" / "ghz")
     if not Path(found).exists():
-        raise FileNotFoundError(f"ghz missing: run bench/peers/setup.sh tools (looked on PATH and in {CACHE / 'bin'})")
+        raise FileNotFoundError(f"ghz missing: run bench/peers/setup.sh tools (looked on PATH and in {cache_dir() / 'bin'})")
     return found
 
 
@@ -724,7 +730,7 @@ def peer_versions(servers: list[str]) -> str:
     wanted = ("mlserver", "kserve", "nvidia-pytriton", "onnxruntime")
     parts = []
     for kind, venv in (("mlserver", "mlserver"), ("kserve", "kserve"), ("triton", "pytriton")):
-        freeze = CACHE / "peers" / venv / "freeze.txt"
+        freeze = cache_dir() / "peers" / venv / "freeze.txt"
         if kind in servers and freeze.exists():
             pins = [ln for ln in freeze.read_text().splitlines() if ln.split("==")[0].lower() in wanted]
             parts.append(f"{kind} ({', '.join(pins)})")
@@ -833,7 +839,7 @@ def main(argv: list[str] | None = None) -> int:
     print(cpu_line())
     if a.device != "host":
         print(f"kubetrt's device: {device_line(a.device)}")
-    print(f"Python {platform.python_version()} ({sys.executable}); peers in {CACHE / 'peers'}: {peer_versions(a.servers)}\n")
+    print(f"Python {platform.python_version()} ({sys.executable}); peers in {cache_dir() / 'peers'}: {peer_versions(a.servers)}\n")
     report(cells, a.models, a.protocols, a.clients, a.servers)
     print(f"\nwhat serving adds at one client: p50 minus the engine's in-process batch-1 p50 (kubetrt on {a.device}, "
           "the peers on onnxruntime)")

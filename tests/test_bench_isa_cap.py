@@ -159,12 +159,19 @@ def test_the_avx2_cap_keeps_onnxruntimes_kernels_to_avx2(capped_onnxruntime: Pat
 @pytest.mark.xdist_group("onnxruntime_cap")
 def test_each_runtime_gets_its_own_cap(capped_onnxruntime: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KUBETRT_BENCH_CACHE", str(capped_onnxruntime))
-    envs = machine.cap_envs("avx2", ("kubetrt", "baseline"))
+    runtimes = ("kubetrt", "baseline", "openvino", "onnxruntime", "onnxruntime-int8", "tensorflow")
+    envs = machine.cap_envs("avx2", runtimes, ("kubetrt", "baseline"))
     assert envs["kubetrt"] == envs["baseline"] == machine.isa_cap_env("avx2")
     assert envs["openvino"] == machine.onednn_cap_env("avx2")
     assert envs["onnxruntime"] == envs["onnxruntime-int8"] == machine.onnxruntime_cap_env("avx2", capped_onnxruntime)
     assert "tensorflow" not in envs  # no switch: it runs at the CPU's own ISA
-    assert all(env == {} for env in machine.cap_envs("native").values())
+    assert all(env == {} for env in machine.cap_envs("native", runtimes).values())
+
+
+def test_onnxruntime_is_copied_only_for_a_bench_that_runs_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KUBETRT_BENCH_CACHE", str(tmp_path))
+    envs = machine.cap_envs("avx2", ("kubetrt", "openvino"))
+    assert sorted(envs) == ["kubetrt", "openvino"] and not list(tmp_path.iterdir())
 
 
 def test_the_xcr0_rewrite_replaces_each_xgetbv_and_names_a_wrong_site() -> None:
