@@ -74,13 +74,14 @@ def device_line(device: str) -> str:
         return f"{device}: unknown ({type(err).__name__}: {err})"
 
 
-ISA_CAPS = ("native", "avx2")
-
-
 def bench_cache() -> Path:
     """Where the benches keep what they install and build once (the peers' venvs, load generators,
     capped runtimes); bench/peers/setup.sh reads the same variable with the same default."""
     return Path(os.environ.get("KUBETRT_BENCH_CACHE") or Path.home() / ".cache" / "kubetrt-bench")
+
+
+ISA_CAPS = ("native", "avx2")
+
 _WIDER_THAN_AVX2 = ("avx512", "amx", "avx10")  # LLVM feature names of the vector sets above AVX2
 
 

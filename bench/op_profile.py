@@ -257,7 +257,7 @@ def main() -> int:
         _progress(f"profiling {runtime}")
         profiles[runtime] = spawn(runtime, a.model, package, a.batch, a.runs, a.top, envs.get(runtime))
     print(f"\n{a.model} batch {a.batch}: {a.runs} runs per runtime after {WARMUP} warm-up; ms per run, "
-          "op times from each runtime's own profiler" + (f"; kubetrt, onnxruntime and OpenVINO capped at {a.isa.upper()}" if a.isa != "native" else ""))
+          "op times from each runtime's own profiler" + (f"; {', '.join(a.runtimes)} capped at {a.isa.upper()}" if a.isa != "native" else ""))
     for runtime, prof in profiles.items():
         print()
         print("\n".join(report(runtime, prof, a.top)))

@@ -229,14 +229,14 @@ def worker(engine: str, model: str, batch: int, seconds: float, package: Path, s
             neighbour()
     med = statistics.median(times)
     source = sys.modules["kubetrt.runtime"].__file__ if "kubetrt.runtime" in sys.modules else None
+    from _machine import ISA_CAP_MARK, ONNXRUNTIME_RUNTIMES  # bench/ is on the path: the worker runs this script
+
     isa: str | None = None  # what the engine's kernels were built for, where it says
     if isinstance(run, OpenVINORun):
         isa = run.isa()
     elif engine in KUBETRT_ENGINES and "kubetrt.runtime.kernels.onednn" in sys.modules:
         isa = sys.modules["kubetrt.runtime.kernels.onednn"].isa_name()
-    elif engine in ("onnxruntime", "onnxruntime-int8"):  # a capped copy says so; the package as installed does not
-        from _machine import ISA_CAP_MARK
-
+    elif engine in ONNXRUNTIME_RUNTIMES:  # a capped copy says so; the package as installed does not
         mark = Path(sys.modules["onnxruntime"].__file__ or "").parent / ISA_CAP_MARK
         isa = mark.read_text() if mark.is_file() else None
     return {"source": source, "isa": isa, "engine": engine, "model": model, "batch": batch, "median_s": med, "mean_s": statistics.fmean(times),
@@ -438,7 +438,8 @@ def main() -> int:
         engines.append(BASELINE)
     _progress("measuring fp32 matmul peak")
     peak = spawn(["--peak"])["gflops"]
-    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, cap_envs(a.isa, engines, KUBETRT_ENGINES))
+    capped = cap_envs(a.isa, engines, KUBETRT_ENGINES)
+    results, failures = measure(models, engines, paths, a.seconds, a.rounds, a.baseline, capped)
 
     from kubetrt.runtime.kernels import blas, onednn
 
@@ -452,7 +453,7 @@ def main() -> int:
                 sources.setdefault(e, r["source"])
         print("runtimes measured: " + ", ".join(f"{e} from {src}" for e, src in sources.items()))
     print(f"kubetrt host kernels: convolutions {'oneDNN' if onednn.AVAILABLE else 'im2col + GEMM'}, GEMMs {blas.BACKEND}")
-    tag = cpu_tag(f"kubetrt, onnxruntime and openvino at {a.isa}" if a.isa != "native" else "")
+    tag = cpu_tag(f"{', '.join(capped)} at {a.isa}" if a.isa != "native" else "")
     if a.isa != "native":
         print(f"capped at {a.isa.upper()}: kubetrt (its own kernels, oneMKL and NumPy too), OpenVINO (its oneDNN) and "
               "onnxruntime (a copy that reads XCR0 without AVX-512 state); TensorFlow at this CPU's own ISA")
