@@ -73,9 +73,9 @@ class ChannelAffine:
         c = self.scale.size
         if not AVAILABLE or x.size < TEAM_MIN_ELEMENTS:
             return jit.rows_affine(x, self.scale, self.shift, self.relu)
-        spaced = None if x.flags.c_contiguous else jit.rows_in_buffer(x)
+        spaced = None if x.flags.c_contiguous else jit.row_stride(x)
         if spaced is not None:
-            src, first, stride = spaced
+            src, first, stride = x, 0, spaced  # the team reads from x's first element on
             k = 1
         elif x.flags.c_contiguous:
             k = jit.rows_joined(c, x.size // c)  # narrow rows joined into wider ones, so the inner loop vectorizes

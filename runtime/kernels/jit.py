@@ -629,6 +629,13 @@ if numba is not None:
             for j in range(c):
                 y[j] = max(x[j] * scale[j] + shift[j], floor)
 
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
+    def _rows_affine_spaced(a, stride, scale, shift, floor, out, start, stop):
+        # a's rows read where they lie, `stride` floats apart from its first element
+        c = scale.shape[0]
+        rows_affine_at(float32_view(a.ctypes.data, 0, (out.shape[0] - 1) * stride + c), 0, stride,
+                       scale, shift, floor, out, start, stop)
+
     @njit(cache=True, nogil=True)
     def _place_rows(rows, flat, first, stride, start, stop):
         c = rows.shape[1]
@@ -688,10 +695,9 @@ def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool 
     rows = a.size // c
     out = np.empty(a.shape, a.dtype)
     floor = np.float32(0.0 if relu else -np.inf)
-    spaced = None if a.flags.c_contiguous else rows_in_buffer(a)
-    if spaced is not None:
-        flat, first, stride = spaced
-        run_split(rows_affine_at, (flat, first, stride, scale, shift, floor, out.reshape(rows, c)), rows,
+    stride = None if a.flags.c_contiguous or a.dtype != np.float32 else row_stride(a)
+    if stride is not None:
+        run_split(_rows_affine_spaced, (a, stride, scale, shift, floor, out.reshape(rows, c)), rows,
                   a.size // ROW_VECTOR_PASSES)
         return out
     a = np.ascontiguousarray(a)
@@ -701,38 +707,43 @@ def rows_affine(a: np.ndarray, scale: np.ndarray, shift: np.ndarray, relu: bool 
     return out
 
 
-def rows_in_buffer(a: np.ndarray) -> tuple[np.ndarray, int, int] | None:
-    """(the flat C-contiguous buffer `a` is a view of, the index of a's first element in it, the
-    elements from one row to the next) where a's rows (its last axis) are contiguous and evenly
-    spaced there, as the channels of a Concat's growing buffer are; else None."""
-    b = a.base
-    if type(b) is not np.ndarray or b.dtype != a.dtype or not b.flags.c_contiguous or a.ndim < 1 or a.size == 0:
+def row_stride(a: np.ndarray) -> int | None:
+    """The elements from one row (last axis) of `a` to the next where its rows are contiguous and
+    evenly spaced, as a view of a growing Concat's leading channels is; else None. Read from the
+    shape and strides alone: asking a view for its base's address costs more than a small
+    tensor's whole pass."""
+    shape, strides, item = a.shape, a.strides, a.itemsize
+    if a.ndim < 1 or a.size == 0 or (shape[-1] > 1 and strides[-1] != item):
         return None
-    item = a.itemsize
-    if a.shape[-1] > 1 and a.strides[-1] != item:
+    step = span = 0  # bytes from one row to the next; bytes the rows of the inner dims cover
+    for n, s in zip(shape[-2::-1], strides[-2::-1]):
+        if n == 1:
+            continue
+        if s <= 0:  # broadcast or reversed rows
+            return None
+        if not step:
+            step, span = s, s * n
+        elif s != span:
+            return None
+        else:
+            span *= n
+    if not step:
+        return shape[-1]  # one row
+    if step % item or step // item < shape[-1]:
         return None
-    try:
-        rows = np.reshape(a, (a.size // a.shape[-1], a.shape[-1]), copy=False)
-    except ValueError:  # rows not evenly spaced
-        return None
-    first, rest = divmod(a.ctypes.data - b.ctypes.data, item)
-    stride = rows.strides[0] // item if rows.shape[0] > 1 else a.shape[-1]
-    if rest or rows.strides[0] % item or stride < a.shape[-1]:
-        return None
-    return b.reshape(-1), first, stride
+    return step // item
 
 
-def place_rows(src: np.ndarray, dst: np.ndarray) -> None:
-    """dst[...] = src for a view `dst` whose rows lie apart in a buffer (rows_in_buffer), split
-    across the pool when large: NumPy's strided copy runs one short inner loop per row."""
-    spaced = rows_in_buffer(dst) if AVAILABLE and src.dtype == dst.dtype and src.shape == dst.shape else None
-    if spaced is None:
-        dst[...] = src
+def place_columns(src: np.ndarray, buf: np.ndarray, at: int) -> None:
+    """buf[..., at:at + w] = src for a C-contiguous `buf` with src's leading shape and dtype, split
+    across the pool when large: NumPy's strided copy runs one short inner loop per row and a view
+    of the columns would have to be asked where it lies; here the place is known."""
+    width = src.shape[-1]
+    if not AVAILABLE or src.dtype != buf.dtype or src.size == 0:
+        buf[..., at:at + width] = src
         return
-    flat, first, stride = spaced
-    width = dst.shape[-1]
     rows = np.ascontiguousarray(src).reshape(-1, width)
-    run_split(_place_rows, (rows, flat, first, stride), rows.shape[0], src.size // ROW_VECTOR_PASSES)
+    run_split(_place_rows, (rows, buf.reshape(-1), at, buf.shape[-1]), rows.shape[0], src.size // ROW_VECTOR_PASSES)
 
 
 def rows_by_vector(a: np.ndarray, v: np.ndarray, op: str, vector_first: bool, out: np.ndarray) -> np.ndarray:

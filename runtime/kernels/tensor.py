@@ -173,10 +173,13 @@ def concat_grows_into_operand(op: str, attrs: dict[str, Any]) -> bool:
 
 
 def _buffer_of(x: np.ndarray, reserve: int) -> np.ndarray | None:
-    """The buffer of `reserve` channels whose leading channels `x` is a view of, or None."""
+    """The buffer of `reserve` channels whose leading channels `x` is a view of, or None. The chain
+    pass hands a growing Concat only the previous link's output: this kernel's `buf[..., :at]` or a
+    fresh array, so a view with the buffer's strides starts at its first channel (asking both for
+    their addresses would cost more than placing a small part)."""
     b = x.base
     if (type(b) is not np.ndarray or b.dtype != x.dtype or b.shape[:-1] != x.shape[:-1] or b.shape[-1] != reserve
-            or not b.flags.c_contiguous or x.strides != b.strides or x.ctypes.data != b.ctypes.data):
+            or x.strides != b.strides or not b.flags.c_contiguous):
         return None
     return b
 
@@ -199,7 +202,7 @@ def concat(spec: KernelSpec) -> Run:
         if buf is None:
             buf = np.empty(rows + (reserve,), head.dtype)
         for x in parts:
-            jit.place_rows(x, buf[..., at:at + x.shape[-1]])
+            jit.place_columns(x, buf, at)
             at += x.shape[-1]
         return (buf[..., :at],)
 

@@ -38,7 +38,7 @@ def test_contiguous_rows(channels: int, relu: bool, threads: int) -> None:
 def test_a_view_of_a_growing_buffer_is_read_where_it_lies(threads: int) -> None:
     buf = f32(2, 40, 41, 96)
     view = buf[..., :72]  # a Concat's leading channels: rows 96 floats apart
-    assert jit.rows_in_buffer(view) is not None and view.size >= channel_affine.TEAM_MIN_ELEMENTS
+    assert jit.row_stride(view) == 96 and view.size >= channel_affine.TEAM_MIN_ELEMENTS
     scale, shift = f32(72), f32(72)
     before = buf.copy()
     got = ChannelAffine(scale, shift, True)(view, threads=threads)

@@ -100,17 +100,17 @@ def test_an_intermediate_output_is_not_a_view() -> None:
     assert all(c.flags.c_contiguous for c in concats)
 
 
-def test_rows_in_buffer_and_place_rows() -> None:
+def test_row_stride_and_place_columns() -> None:
     buf = np.zeros((2, 3, 4, 10), np.float32)
     view = buf[..., 2:6]
-    flat, first, stride = jit.rows_in_buffer(view)  # type: ignore[misc]
-    assert (first, stride) == (2, 10) and np.shares_memory(flat, buf)
+    assert jit.row_stride(view) == 10 and jit.row_stride(buf[..., :3]) == 10 and jit.row_stride(buf[:, :, 1]) == 40
     src = f32(2, 3, 4, 4)
-    jit.place_rows(src, view)
+    jit.place_columns(src, buf, 2)
     np.testing.assert_array_equal(buf[..., 2:6], src)
     assert not buf[..., :2].any() and not buf[..., 6:].any()
-    assert jit.rows_in_buffer(np.ones((3, 4), np.float32)) is None  # owns its memory
-    assert jit.rows_in_buffer(buf[:, ::2, :, :3]) is None  # rows not evenly spaced
+    assert jit.row_stride(buf[:, ::2, :, :3]) is None  # rows not evenly spaced
+    assert jit.row_stride(buf[..., ::2]) is None and jit.row_stride(buf[:, :, ::-1, :3]) is None
+    assert jit.row_stride(np.broadcast_to(f32(3), (4, 3))) is None  # one row seen four times
     scale, shift = np.abs(f32(4)), f32(4)
     np.testing.assert_allclose(jit.rows_affine(view, scale, shift, relu=True),
                                np.maximum(src * scale + shift, 0), rtol=1e-6, atol=1e-6)
