@@ -447,10 +447,23 @@ class Batcher:
 
     def _finish(self, batch: list[_Request], start: float, results: list[Outputs] | None,
                 error: BaseException | None, resolve: bool = True, size: int | None = None) -> None:
-        """Count and observe the run, resolve the batch's requests, then start the next batch from
-        what queued meanwhile."""
+        """Count the run and free its slot, then observe it, resolve the batch's requests and start
+        the next batch from what queued meanwhile. The slot is free before any answer leaves: a
+        client that sends its next request on this answer finds the engine idle and this run
+        measured, as it would a moment later (so a fast model's lone request runs inline)."""
         seconds = time.monotonic() - start
         rows = sum(r.rows for r in batch)
+        with self._cond:
+            self.compute_calls += 1
+            if error is None:
+                if rows == 1:
+                    self._solo_seconds = _moving_average(self._solo_seconds, seconds)
+                self._seconds_per_row = _moving_average(self._seconds_per_row, seconds / max(rows, 1))
+                if size is not None and size in self.plan_sizes:
+                    self._size_seconds[size] = _moving_average(self._size_seconds.get(size, math.nan), seconds)
+            self._in_flight -= 1
+            batches = self._take_batches()
+            self._cond.notify_all()
         try:
             self._observe(batch, rows, start, seconds)
             if resolve and error is not None:
@@ -460,17 +473,6 @@ class Batcher:
             elif resolve:
                 _resolve(batch, results, None)
         finally:
-            with self._cond:
-                self.compute_calls += 1
-                if error is None:
-                    if rows == 1:
-                        self._solo_seconds = _moving_average(self._solo_seconds, seconds)
-                    self._seconds_per_row = _moving_average(self._seconds_per_row, seconds / max(rows, 1))
-                    if size is not None and size in self.plan_sizes:
-                        self._size_seconds[size] = _moving_average(self._size_seconds.get(size, math.nan), seconds)
-                self._in_flight -= 1
-                batches = self._take_batches()
-                self._cond.notify_all()
             self._dispatch_all(batches)
 
     def _compute_error(self, requests: int, error: BaseException) -> BatchComputeError:

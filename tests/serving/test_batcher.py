@@ -465,6 +465,38 @@ async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_c
         b.close()
 
 
+async def test_an_answer_leaves_after_its_run_has_freed_the_engine(monkeypatch):
+    """A client that sends its next request on an answer finds the engine idle and the run measured:
+    the run thread frees its slot before it hands the answer to the loop, however late it gets to
+    anything after that (here it sleeps once the answer is handed over)."""
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_SECONDS", 1.0)
+    resolve = batcher_module._resolve
+
+    def resolve_then_stall(*args):
+        resolve(*args)
+        if threading.current_thread() is not threading.main_thread():
+            time.sleep(0.2)
+
+    monkeypatch.setattr(batcher_module, "_resolve", resolve_then_stall)
+    gate = threading.Event()  # the first run ends after the batcher waits on it: its end is the pool's
+    threading.Timer(0.05, gate.set).start()
+    rec = Recorder(gate)
+    threads: list[str] = []
+
+    def run_now(f):
+        threads.append(threading.current_thread().name)
+        return rec.run(f)
+
+    b = Batcher(rec, BatcherConfig(max_batch_size=8), run_now=run_now).start()
+    try:
+        await b.submit(feeds(1, 1.0))  # on the pool, which then stalls after handing the answer over
+        out = await asyncio.wait_for(b.submit(feeds(1, 2.0)), 5)
+        np.testing.assert_array_equal(out["y"], np.full((1, 3), 4.0, np.float32))
+        assert threads == [threading.current_thread().name], "the engine was free and measured: run inline"
+    finally:
+        b.close()
+
+
 class Timed(Recorder):
     """A Recorder whose run takes the time `seconds` gives for its (padded) size."""
 
