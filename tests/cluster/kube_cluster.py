@@ -71,6 +71,18 @@ def wait_until(what: str, check: Callable[[], T | None], timeout: float = 120.0,
     raise AssertionError(f"{what}: not within {timeout:.0f}s{last_error}\n{more}")
 
 
+def wait_established(crd: str, timeout: float = 60.0) -> None:
+    """Wait until the API server serves the CRD `crd` (its Established condition is True). Not
+    `kubectl wait --for=condition=Established`: that fails at once, instead of waiting, on a CRD
+    whose status the API server has not written yet (no conditions at all)."""
+    def established() -> bool:
+        status = kubectl_json("get", "crd", crd).get("status") or {}
+        return any(c.get("type") == "Established" and c.get("status") == "True" for c in status.get("conditions") or [])
+
+    wait_until(f"the CRD {crd} established", established, timeout=timeout,
+               detail=lambda: kubectl("get", "crd", crd, "-o", "yaml", check=False).stdout[-2000:])
+
+
 @dataclass
 class Release:
     """The chart, installed; the operator's pod as the node agent runs it."""

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kube_cluster import OPERATOR_NAMESPACE, kubectl, kubectl_json, say, wait_until
+from kube_cluster import OPERATOR_NAMESPACE, kubectl, kubectl_json, say, wait_established, wait_until
 from kubetrt.operators import crds
 from node_agent import NodeAgent
 
@@ -22,16 +22,16 @@ def _printer_columns() -> dict[str, list[str]]:
 
 def _crds_established() -> None:
     for plural in _printer_columns():
-        kubectl("wait", "--for=condition=Established", f"crd/{plural}.kubetrt.io", "--timeout=60s")
+        wait_established(f"{plural}.kubetrt.io")
 
 
 def test_kubectl_apply_manifests(agent: NodeAgent) -> None:
     # The CRDs first: kubectl maps every object of one apply before it creates any, so the
     # ClusterKopfPeering in 04-peering.yaml has no kind yet on a cluster without its CRD.
-    say("kubectl apply -f manifests/00-crds.yaml; kubectl wait --for=condition=Established; kubectl apply -f manifests/")
+    say("kubectl apply -f manifests/00-crds.yaml; wait until the CRDs are Established; kubectl apply -f manifests/")
     kubectl("apply", "-f", "manifests/00-crds.yaml")
     _crds_established()
-    kubectl("wait", "--for=condition=Established", "crd/clusterkopfpeerings.kopf.dev", "--timeout=60s")
+    wait_established("clusterkopfpeerings.kopf.dev")
     out = kubectl("apply", "-f", "manifests/").stdout
     print(out, flush=True)
     for kind, name in [("namespace", OPERATOR_NAMESPACE), ("clusterrole", "kubetrt-operator"),

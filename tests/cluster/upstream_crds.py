@@ -11,7 +11,7 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from kube_cluster import kubectl, say
+from kube_cluster import kubectl, say, wait_established
 
 # CRD name -> (Go module, pinned version, the CRD's file in that module)
 PINNED: dict[str, tuple[str, str, str]] = {
@@ -53,5 +53,5 @@ def install(name: str) -> Path:
     module, version, _ = PINNED[name]
     say(f"installing the CRD {name} of {module}@{version}")
     kubectl("apply", "--server-side", "--force-conflicts", "-f", str(path))
-    kubectl("wait", "--for=condition=Established", "--timeout=60s", f"crd/{name}")
+    wait_established(name)
     return path
