@@ -440,18 +440,22 @@ async def test_a_merged_batch_is_padded_to_a_planned_size_and_its_padding_droppe
         b.close()
 
 
-async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_crowd_does_not(monkeypatch):
-    # "fast" by a bound this test's runs meet even beside a busy suite (a pool hand-off can take
-    # over a millisecond on two loaded cores)
+def inline_batcher(monkeypatch, rec: Recorder) -> tuple[Batcher, list[str]]:
+    """A batcher over `rec` that may run a lone request inline, and the threads its inline runs ran
+    on. "Fast" by a bound these tests' runs meet even beside a busy suite (a pool hand-off can take
+    over a millisecond on two loaded cores)."""
     monkeypatch.setattr(batcher_module, "INLINE_MAX_SECONDS", 1.0)
-    rec = Recorder()
     threads: list[str] = []
 
     def run_now(f):
         threads.append(threading.current_thread().name)
         return rec.run(f)
 
-    b = Batcher(rec, BatcherConfig(max_batch_size=8), run_now=run_now).start()
+    return Batcher(rec, BatcherConfig(max_batch_size=8), run_now=run_now).start(), threads
+
+
+async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_crowd_does_not(monkeypatch):
+    b, threads = inline_batcher(monkeypatch, Recorder())
     try:
         await b.submit(feeds(1, 1.0))  # the first run is timed on the pool: no measure yet to go by
         assert threads == []
@@ -469,7 +473,6 @@ async def test_an_answer_leaves_after_its_run_has_freed_the_engine(monkeypatch):
     """A client that sends its next request on an answer finds the engine idle and the run measured:
     the run thread frees its slot before it hands the answer to the loop, however late it gets to
     anything after that (here it sleeps once the answer is handed over)."""
-    monkeypatch.setattr(batcher_module, "INLINE_MAX_SECONDS", 1.0)
     resolve = batcher_module._resolve
 
     def resolve_then_stall(*args):
@@ -480,14 +483,7 @@ async def test_an_answer_leaves_after_its_run_has_freed_the_engine(monkeypatch):
     monkeypatch.setattr(batcher_module, "_resolve", resolve_then_stall)
     gate = threading.Event()  # the first run ends after the batcher waits on it: its end is the pool's
     threading.Timer(0.05, gate.set).start()
-    rec = Recorder(gate)
-    threads: list[str] = []
-
-    def run_now(f):
-        threads.append(threading.current_thread().name)
-        return rec.run(f)
-
-    b = Batcher(rec, BatcherConfig(max_batch_size=8), run_now=run_now).start()
+    b, threads = inline_batcher(monkeypatch, Recorder(gate))
     try:
         await b.submit(feeds(1, 1.0))  # on the pool, which then stalls after handing the answer over
         out = await asyncio.wait_for(b.submit(feeds(1, 2.0)), 5)
