@@ -201,15 +201,17 @@ def cap_envs(cap: str, runtimes: Iterable[str], kubetrt: tuple[str, ...] = ("kub
     environment that keeps it to `cap`: kubetrt's whole (isa_cap_env), OpenVINO's oneDNN
     (onednn_cap_env), onnxruntime's XCR0 (onnxruntime_cap_env, whose copy is made only where
     onnxruntime runs); TensorFlow has none."""
-    isa_cap_env(cap)  # checks the cap's name
+    mine = isa_cap_env(cap)  # also checks the cap's name
+    ort: dict[str, str] | None = None  # one copy serves onnxruntime and its int8 twin
     envs: dict[str, dict[str, str]] = {}
     for name in runtimes:
         if name in kubetrt:
-            envs[name] = isa_cap_env(cap)
+            envs[name] = mine
         elif name == "openvino":
             envs[name] = onednn_cap_env(cap)
         elif name in ONNXRUNTIME_RUNTIMES:
-            envs[name] = onnxruntime_cap_env(cap)
+            ort = ort if ort is not None else onnxruntime_cap_env(cap)
+            envs[name] = ort
     return envs
 
 
