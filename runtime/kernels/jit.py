@@ -124,7 +124,7 @@ if numba is not None:
 
     # Not numba-parallel: its worker threads spin after each region and starve the BLAS threads
     # of the next GEMM. nogil lets our own pool split the planes instead (see depthwise_conv).
-    @njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True, error_model="numpy")
     def _depthwise(xp, w, bias, out, sh, sw, dh, dw, act, lo, hi, start, stop):
         n, c, oh, ow = out.shape
         kh, kw = w.shape[2], w.shape[3]
@@ -187,7 +187,7 @@ if numba is not None:
         base = pos * stride - pad
         return max(0, -(base // dil)), min(k, -((base - size) // dil))
 
-    @njit(cache=True, nogil=True, fastmath={"contract"})  # fused multiply-add: one rounding per tap
+    @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})  # fused multiply-add: one rounding per tap
     def _depthwise_nhwc(x, w, bias, out, sh, sw, dh, dw, pt, pl, act, lo, hi, start, stop):
         # Reads the unpadded input and skips taps that fall into the padding: no padded copy.
         # Rows are (n, oh) pairs; the channel loop is innermost and contiguous, so it vectorizes.
@@ -230,7 +230,7 @@ def depthwise_conv_nhwc(x: np.ndarray, w: np.ndarray, bias: np.ndarray | None, s
 
 if numba is not None:
 
-    @njit(cache=True, nogil=True)
+    @njit(cache=True, nogil=True, error_model="numpy")
     def _epilogue(y, bias, residual, has_bias, has_residual, act, lo, hi, start, stop):
         # 2-D indexing and bounds in y's dtype (float32 only: callers check) keep the channel loop
         # one vector op per 16 lanes; row views and a float64 0.0 defeat the vectorizer.
@@ -550,7 +550,9 @@ if numba is not None:
     @njit(cache=True, inline="always", error_model="numpy")
     def gelu_erf(v):
         # erf(|z|) = 1 - poly(t) exp(-z^2), t = 1 / (1 + p|z|) (Abramowitz & Stegun 7.1.26, within
-        # 1.5e-7): with expf inlined, a loop of it vectorizes
+        # 1.5e-7): with expf inlined, a loop of it vectorizes, in a kernel compiled with
+        # error_model="numpy" (numba's default tests each element's divisor for zero, to raise,
+        # which keeps the loop scalar)
         a = abs(v) * np.float32(0.70710677)
         t = np.float32(1.0) / (np.float32(1.0) + np.float32(0.3275911) * a)
         poly = t * (np.float32(0.254829592) + t * (np.float32(-0.284496736) + t * (np.float32(1.421413741)

@@ -150,7 +150,7 @@ if jit.numba is not None:
             acc[2, j] += a2 * w
             acc[3, j] += a3 * w
 
-    @jit.njit(cache=True, nogil=True, fastmath={"contract"})
+    @jit.njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
     def _tiles(a, panels, c, res, bias, has_res, form, lo, hi, start, stop):
         # Task t is a (panel, row block) pair, row blocks innermost: a member's share is a run of
         # panels, each read from memory once and kept in cache while every row block passes it,

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from kubetrt.runtime import ops
+from kubetrt.runtime.accuracy import HOST, TOLERANCES
 from kubetrt.runtime.kernels import cuda, jit, onednn
 from kubetrt.runtime.kernels.activations import (
     ACTIVATIONS,
@@ -122,7 +123,9 @@ def test_onednn_post_op_matches_the_xp_form(op: str, params: dict[str, Any], pos
     w, bias = rng.standard_normal((24, 16)).astype(np.float32), rng.standard_normal(16).astype(np.float32)
     plain = onednn.Dense(w, bias, None, residual=False)(a)
     fused = onednn.Dense(w, bias, post, residual=False)(a)
-    np.testing.assert_allclose(fused, bind(np, op, params, may_be_half=False)(plain, None), rtol=1e-6, atol=1e-6)
+    # fp32's entry of the one table: oneDNN's erf and the xp form's are different approximations,
+    # each within about 1e-6 of GELU, so on some inputs they differ by more than either's error
+    np.testing.assert_allclose(fused, bind(np, op, params, may_be_half=False)(plain, None), rtol=0, atol=TOLERANCES[("fp32", HOST)])
 
 
 def test_every_fusable_activation_has_a_gpu_form() -> None:

@@ -4,7 +4,9 @@ cover what those got right for free: NaN in, NaN out; overflow to inf; underflow
 masked logit) to exactly 0; every row width; ranges split across threads."""
 from __future__ import annotations
 
+import re
 from math import erf
+from typing import Any
 
 import numpy as np
 import pytest
@@ -94,3 +96,41 @@ def test_gelu_special_values() -> None:
     got = jit.gelu(np.array([np.nan, np.inf, 0.0, 100.0, -100.0], np.float32), None)
     assert np.isnan(got[0]) and got[1] == np.inf
     np.testing.assert_array_equal(got[2:], [0.0, 100.0, 0.0])
+
+
+def _compiled_ir(kernel: Any, *args: Any) -> str:
+    """LLVM IR of `kernel` compiled afresh with its own options, for these arguments (the cached
+    build keeps no IR to read)."""
+    import numba
+
+    options = {k: v for k, v in kernel.targetoptions.items() if k not in ("cache", "nopython")}
+    fresh = numba.njit(**options)(kernel.py_func)
+    fresh(*args)
+    return "\n".join(fresh.inspect_llvm().values())
+
+
+def _gelu_kernel_calls() -> dict[str, tuple[Any, tuple[Any, ...]]]:
+    """Every kernel that applies the GELU form in a loop, with arguments that take that branch."""
+    from kubetrt.runtime.kernels import sgemm
+
+    f32, gelu = np.float32, jit.SCALAR_GELU
+    rows, cols = np.ones((8, 32), f32), np.zeros(32, f32)
+    image = np.ones((1, 4, 4, 16), f32)
+    return {
+        "gelu": (jit._gelu, (rows.ravel(), rows.ravel().copy(), 0, 8)),
+        "sgemm tiles": (sgemm._tiles, (np.ones((8, 4), f32), np.ones((2, 4, sgemm.NR), f32), rows.copy(), rows, cols, False, gelu, f32(0), f32(0), 0, 4)),
+        "epilogue": (jit._epilogue, (rows.copy(), cols, rows, True, False, gelu, f32(0), f32(0), 0, 8)),
+        "depthwise nhwc": (jit._depthwise_nhwc, (image, np.ones((3, 3, 16), f32), np.zeros(16, f32), image.copy(), 1, 1, 1, 1, 1, 1, gelu, f32(0), f32(0), 0, 4)),
+        "depthwise nchw": (jit._depthwise, (np.ones((1, 2, 6, 6), f32), np.ones((2, 1, 3, 3), f32), np.zeros(2, f32), np.zeros((1, 2, 4, 4), f32), 1, 1, 1, 1, gelu, f32(0), f32(0), 0, 2)),
+    }
+
+
+@pytest.mark.parametrize("name", list(_gelu_kernel_calls()))
+def test_kernels_taking_gelu_compute_its_division_in_vectors(name: str) -> None:
+    """gelu_erf divides by a value of each element. Under numba's default error model every such
+    division tests its divisor for zero (to raise), which keeps the loop to one element at a time:
+    the sgemm tile's GELU cost more than its matrix product. So every kernel that inlines
+    gelu_erf compiles with the NumPy error model, and its IR divides whole vectors."""
+    kernel, args = _gelu_kernel_calls()[name]
+    ir = _compiled_ir(kernel, *args)
+    assert re.search(r"fdiv[^\n]*<\d+ x float>", ir), f"{name}: no vector division in its IR"
