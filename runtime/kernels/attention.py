@@ -168,20 +168,26 @@ if sgemm.AVAILABLE:
         # dst[c // NR, r, c % NR] = head g's [r, c]: columns in panels
         src = sgemm.float32s_at(src_at)
         base, rows, cols, sr, sc = _head_at(lay, g), lay[3], lay[4], lay[7], lay[8]
-        for r in range(rows):
-            at = base + r * sr
-            for c in range(cols):
-                dst[c // NR, r, c % NR] = src[at + c * sc]
+        for p in range(dst.shape[0]):
+            c0 = p * NR
+            width = min(NR, cols - c0)
+            for r in range(rows):
+                at = base + r * sr + c0 * sc
+                for j in range(width):
+                    dst[p, r, j] = src[at + j * sc]
 
     @jit.njit(cache=True, nogil=True, inline="always")
     def _scatter_rows_scaled(src, scales, lay, g, dst_at):
         # head g's [r, c] = src[c // NR, r, c % NR] * scales[r]
         dst = sgemm.float32s_at(dst_at)
         base, rows, cols, sr, sc = _head_at(lay, g), lay[3], lay[4], lay[7], lay[8]
-        for r in range(rows):
-            at, scale = base + r * sr, scales[r]
-            for c in range(cols):
-                dst[at + c * sc] = src[c // NR, r, c % NR] * scale
+        for p in range(src.shape[0]):
+            c0 = p * NR
+            width = min(NR, cols - c0)
+            for r in range(rows):
+                at, scale = base + r * sr + c0 * sc, scales[r]
+                for j in range(width):
+                    dst[at + j * sc] = src[p, r, j] * scale
 
     @jit.njit(cache=True, nogil=True, error_model="numpy")
     def _softmax_columns(probs, p, t_n, scale, sums):
