@@ -165,7 +165,8 @@ if sgemm.AVAILABLE:
 
     @jit.njit(cache=True, nogil=True, inline="always")
     def _gather_panels(src_at, lay, g, dst):
-        # dst[c // NR, r, c % NR] = head g's [r, c]: columns in panels
+        # dst[c // NR, r, c % NR] = head g's [r, c]: columns in panels, copied a panel at a time
+        # (an index computed per element, c // NR and c % NR, kept the copy one element at a time)
         src = sgemm.float32s_at(src_at)
         base, rows, cols, sr, sc = _head_at(lay, g), lay[3], lay[4], lay[7], lay[8]
         for p in range(dst.shape[0]):
