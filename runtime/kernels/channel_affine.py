@@ -22,7 +22,7 @@ from .omp import TeamChoice
 TEAM_MIN_ELEMENTS = 1 << 14
 
 # The block a call hands the team; after it, where only _run reads them, the team's entry points.
-_SRC, _FIRST, _STRIDE, _ROWS, _C, _SCALE, _SHIFT, _OUT, _RELU, _NUM_THREADS, _THREAD_NUM, _PLACE, _SIZE = range(13)
+_SRC, _STRIDE, _ROWS, _C, _SCALE, _SHIFT, _OUT, _RELU, _NUM_THREADS, _THREAD_NUM, _PLACE, _SIZE = range(12)
 _PARALLEL, _MEMBER = _SIZE, _SIZE + 1
 
 AVAILABLE = jit.AVAILABLE and omp.PARALLEL != 0
@@ -34,19 +34,19 @@ if AVAILABLE:
         q = carray(jit.int64s_at(data), (_SIZE,))
         team, me = jit.c_call0(q[_NUM_THREADS]), jit.c_call0(q[_THREAD_NUM])
         omp.apart(q[_PLACE], me)
-        rows, c, first, stride = q[_ROWS], q[_C], q[_FIRST], q[_STRIDE]
+        rows, c, stride = q[_ROWS], q[_C], q[_STRIDE]
         scale = carray(jit.float32s_at(q[_SCALE]), (c,))
         shift = carray(jit.float32s_at(q[_SHIFT]), (c,))
-        src = carray(jit.float32s_at(q[_SRC]), (first + (rows - 1) * stride + c,))
+        src = carray(jit.float32s_at(q[_SRC]), ((rows - 1) * stride + c,))
         out = carray(jit.float32s_at(q[_OUT]), (rows, c))
         floor = np.float32(0.0) if q[_RELU] else np.float32(-np.inf)
         # the one-thread pass's own kernel, on this member's rows: the same bits at every team size
-        jit.rows_affine_at(src, first, stride, scale, shift, floor, out, rows * me // team, rows * (me + 1) // team)
+        jit.rows_affine_at(src, stride, scale, shift, floor, out, rows * me // team, rows * (me + 1) // team)
 
     @jit.njit(cache=True, nogil=True)
-    def _run(consts, src, first, stride, rows, out, threads):
+    def _run(consts, src, stride, rows, out, threads):
         q = consts.copy()
-        q[_SRC], q[_FIRST], q[_STRIDE], q[_ROWS], q[_OUT] = src.ctypes.data, first, stride, rows, out.ctypes.data
+        q[_SRC], q[_STRIDE], q[_ROWS], q[_OUT] = src.ctypes.data, stride, rows, out.ctypes.data
         jit.c_call4(q[_PARALLEL], q[_MEMBER], q.ctypes.data, threads, 0)
         return q[0]  # a use after the team's: the block lives until the team is done
 
@@ -75,21 +75,21 @@ class ChannelAffine:
             return jit.rows_affine(x, self.scale, self.shift, self.relu)
         spaced = None if x.flags.c_contiguous else jit.row_stride(x)
         if spaced is not None:
-            src, first, stride = x, 0, spaced  # the team reads from x's first element on
+            src, stride = x, spaced  # the team reads from x's first element on
             k = 1
         elif x.flags.c_contiguous:
             k = jit.rows_joined(c, x.size // c)  # narrow rows joined into wider ones, so the inner loop vectorizes
-            src, first, stride = x.reshape(-1), 0, c * k
+            src, stride = x.reshape(-1), c * k
         else:
             return jit.rows_affine(x, self.scale, self.shift, self.relu)
         consts = self._consts(k)
         rows = x.size // (c * k)
         out = np.empty(x.shape, np.float32)
         if threads is not None:
-            _run(consts, src, first, stride, rows, out, threads)
+            _run(consts, src, stride, rows, out, threads)
         else:
             omp.timed(omp.choice_for(self._choices, x.shape, keeps_apart=False),
-                      lambda n: _run(consts, src, first, stride, rows, out, n))
+                      lambda n: _run(consts, src, stride, rows, out, n))
         return out
 
     def _consts(self, k: int) -> np.ndarray:

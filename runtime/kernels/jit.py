@@ -623,10 +623,10 @@ if numba is not None:
                     y[j] = v[j] / x[j]
 
     @njit(cache=True, nogil=True, error_model="numpy", fastmath={"contract"})
-    def rows_affine_at(flat, first, stride, scale, shift, floor, out, start, stop):
+    def rows_affine_at(flat, stride, scale, shift, floor, out, start, stop):
         c = scale.shape[0]
         for i in range(start, stop):
-            at = first + i * stride
+            at = i * stride
             x, y = flat[at:at + c], out[i]
             for j in range(c):
                 y[j] = max(x[j] * scale[j] + shift[j], floor)
@@ -635,7 +635,7 @@ if numba is not None:
     def _rows_affine_spaced(a, stride, scale, shift, floor, out, start, stop):
         # a's rows read where they lie, `stride` floats apart from its first element
         c = scale.shape[0]
-        rows_affine_at(float32_view(a.ctypes.data, 0, (out.shape[0] - 1) * stride + c), 0, stride,
+        rows_affine_at(float32_view(a.ctypes.data, 0, (out.shape[0] - 1) * stride + c), stride,
                        scale, shift, floor, out, start, stop)
 
     @njit(cache=True, nogil=True)

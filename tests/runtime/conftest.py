@@ -31,9 +31,9 @@ def team_affine_rows(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     rows_seen: list[int] = []
     real = channel_affine._run
 
-    def spy(consts: np.ndarray, src: np.ndarray, first: int, stride: int, rows: int, out: np.ndarray, threads: int) -> Any:
+    def spy(consts: np.ndarray, src: np.ndarray, stride: int, rows: int, out: np.ndarray, threads: int) -> Any:
         rows_seen.append(rows)
-        return real(consts, src, first, stride, rows, out, threads)
+        return real(consts, src, stride, rows, out, threads)
     monkeypatch.setattr(channel_affine, "_run", spy)
     return rows_seen
 
