@@ -165,6 +165,8 @@ def profile_openvino(model: Path, feeds: dict[str, np.ndarray], runs: int, top: 
 
 
 def worker(runtime: str, package: Path, batch: int, runs: int, top: int) -> dict[str, Any]:
+    import _bootstrap  # noqa: F401  (reads KUBETRT_BENCH_CHECKOUT before kubetrt is imported)
+
     feeds = _bench_runtime().feeds_for(package, batch)
     model = package / "model.onnx"
     if runtime == "kubetrt":

@@ -45,13 +45,39 @@ def windows_hw(xp: np.ndarray, k: tuple[int, int], strides: list[int], dil: list
     return win
 
 
+# A FusedConvNHWC with this attribute set max-pools its results 2x2 with stride 2 (floor mode):
+# the pooling that read them alone, taken in (passes/conv_pool.py).
+MAX_POOL_2X2 = "max_pool_2x2"
+
+
 def _nhwc_conv_shape(spec: KernelSpec) -> OutputShapes:
     xs, ws = spec.shapes[0], spec.shapes[1]
     if xs is None or ws is None or len(xs) != 4 or -1 in xs[1:3]:
         return [(None, spec.dtypes[0])]
     k = tuple(ws[2:])
     strides, dil, b, e = conv_geometry(spec, tuple(xs[1:3]), k)
-    return [((xs[0], out_size(xs[1], k[0], strides[0], dil[0], b[0], e[0]), out_size(xs[2], k[1], strides[1], dil[1], b[1], e[1]), ws[0]), spec.dtypes[0])]
+    oh, ow = out_size(xs[1], k[0], strides[0], dil[0], b[0], e[0]), out_size(xs[2], k[1], strides[1], dil[1], b[1], e[1])
+    if spec.attr(MAX_POOL_2X2, 0):
+        oh, ow = oh // 2, ow // 2
+    return [((xs[0], oh, ow, ws[0]), spec.dtypes[0])]
+
+
+def max_pooled_2x2(y: np.ndarray) -> np.ndarray:
+    """NHWC y max-pooled 2x2 with stride 2 (floor mode): a pooled convolution's pooling where its
+    kernel cannot make it in its tiles."""
+    n, h, w, c = y.shape
+    oh, ow = h // 2, w // 2
+    if jit.AVAILABLE and y.dtype in (np.float32, np.float64):
+        return jit.max_pool_nhwc(y, (2, 2), [2, 2], [1, 1], [0, 0], oh, ow)
+    return y[:, :2 * oh, :2 * ow].reshape(n, oh, 2, ow, 2, c).max(axis=(2, 4))
+
+
+def _pooling_after(call: Callable[..., np.ndarray]) -> Callable[..., np.ndarray]:
+    return lambda *args: max_pooled_2x2(call(*args))
+
+
+def _pooling_results(run: Run) -> Run:
+    return lambda *args: (max_pooled_2x2(run(*args)[0]),)
 
 
 def _on_one_pixel(spec: KernelSpec, w: np.ndarray) -> bool:
@@ -73,6 +99,8 @@ def takes_blocked(spec: KernelSpec) -> bool:
         return False
     if spec.op != "FusedConvNHWC":
         return spec.op in BLOCKED_OPS or spec.op in BLOCKED_SINKS
+    if spec.attr(MAX_POOL_2X2, 0):  # its pooling reads NHWC results
+        return False
     w = spec.const(1)
     if w is None or not onednn.conv_applies(spec, w) or _on_one_pixel(spec, w) or (spec.has(3) and spec.dtypes[3] != np.float32):
         return False
@@ -89,7 +117,7 @@ def writes_blocked(spec: KernelSpec) -> bool:
     w = spec.const(1)
     return (spec.op == "FusedConvNHWC" and onednn.AVAILABLE and spec.dtypes[0] == np.float32 and w is not None
             and onednn.conv_applies(spec, w) and spec.attr("group", 1) == 1 and w.shape[0] % onednn.BLOCK == 0
-            and w.shape[1] < onednn.BLOCK and not spec.has(3) and not _on_one_pixel(spec, w))
+            and w.shape[1] < onednn.BLOCK and not spec.has(3) and not _on_one_pixel(spec, w) and not spec.attr(MAX_POOL_2X2, 0))
 
 
 def blocked_operand(spec: KernelSpec) -> int | None:
@@ -126,6 +154,7 @@ def conv_nhwc(spec: KernelSpec) -> Run:
 
     on_one_pixel = _on_one_pixel(spec, w)
     blocked_result = bool(spec.attr(BLOCKED_RESULT))
+    pool = bool(spec.attr(MAX_POOL_2X2, 0))
     if dnnl is not None:
         bound: dict[tuple[int, ...], Callable[..., np.ndarray]] = {}  # the convolution per input shape
 
@@ -134,9 +163,10 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             _, _, b, e, oh, ow = geometry(*(shape[2:4] if blocked else shape[1:3]))
             # the region's reads take blocks from the batch where a ToBlocked would have made them
             blocked_out = blocked_result and not blocked and shape[0] >= onednn.BLOCKED_MIN_BATCH
-            if winograd_conv is not None and not blocked_out and winograd.worth(shape, oh, ow):
-                return bound.setdefault(shape, winograd_conv.site(shape, oh, ow, b[0], b[1]))
-            return bound.setdefault(shape, dnnl.bind(shape, oh, ow, b, e, blocked_out))
+            if winograd_conv is not None and not blocked_out and winograd.worth(shape, oh, ow) and (not pool or winograd.pools(oh, ow)):
+                return bound.setdefault(shape, winograd_conv.site(shape, oh, ow, b[0], b[1], pool))
+            call = dnnl.bind(shape, oh, ow, b, e, blocked_out)
+            return bound.setdefault(shape, _pooling_after(call) if pool else call)
 
         def run_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
             call = bound.get(x.shape) or bind(x.shape)
@@ -229,6 +259,8 @@ def conv_nhwc(spec: KernelSpec) -> Run:
             epilogue(y)
         return (y,)
 
+    if pool:
+        run = _pooling_results(run)
     if dnnl is not None:
         def run_gemv_or_onednn(x: np.ndarray, _w: np.ndarray, bias: np.ndarray | None = None, residual: np.ndarray | None = None) -> tuple[np.ndarray, ...]:
             if x.size * o < onednn.MIN_DENSE_MACS:

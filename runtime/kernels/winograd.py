@@ -12,7 +12,8 @@ blocks in turn and, per block: transforms its tiles' input patches into V (36, t
 own scratch, multiplies V by U with a one-thread oneDNN batched matmul, and transforms the
 products back into its result tiles (Aᵀ m A), adding the bias and clamping (ReLU, ReLU6, none)
 on the way out. Padding is the convolution's: patch values outside the image read as zero, and
-result pixels beyond the image are not stored.
+result pixels beyond the image are not stored. A pooled call (passes/conv_pool.py) stores each
+tile's 2x2 maxima instead of its 16 results.
 
 The transform's constants grow the rounding error by about a digit over the direct kernel's;
 float32 stays within the host tolerance the numerics tests hold every layer to.
@@ -116,11 +117,12 @@ def winograd_enabled(env: Mapping[str, str]) -> bool:
 
 
 # The block a chain hands the team: source and destination (written per call), the addresses
-# members call, the geometry, the bias followed by the clamp's bounds, and the members' table.
+# members call, the geometry, the bias followed by the clamp's bounds, the members' table, and
+# whether the results are max-pooled 2x2 on their way out.
 # A member's row: its stream, its V and M, then per matmul (full block, last block): primitive,
 # argument count, packed arguments.
 (_SRC, _DST, _NUM_THREADS, _THREAD_NUM, _PLACE, _EXECUTE, _WAIT, _N, _H, _W, _C, _O, _OH, _OW, _PAD_TOP, _PAD_LEFT,
- _TILES, _BLOCK_TILES, _BIAS, _TABLE, _HEAD) = range(21)
+ _TILES, _BLOCK_TILES, _BIAS, _TABLE, _POOL, _HEAD) = range(22)
 _STREAM, _V, _M, _FULL, _LAST = 0, 1, 2, 3, 6
 _ROW = 9
 
@@ -219,24 +221,30 @@ if jit.AVAILABLE:
                     o0[k], o1[k], o2[k], o3[k], o4[k], o5[k] = _b_t(cols[i, k], cols[PATCH + i, k], cols[2 * PATCH + i, k],
                                                                     cols[3 * PATCH + i, k], cols[4 * PATCH + i, k], cols[5 * PATCH + i, k])
 
+    @jit.njit(cache=True, nogil=True, inline="always", fastmath=True)
+    def _a_t_columns(m, cols, q, rows, o):
+        """Aᵀ m of tile q of a block of `rows` tiles, column by column, into the stack array cols:
+        row p * 6 + s holds (Aᵀ m)[p, s]."""
+        step = PATCH * rows * o
+        for s in range(PATCH):
+            at = (s * rows + q) * o
+            m0, m1, m2 = _view(m, at, o), _view(m, at + step, o), _view(m, at + 2 * step, o)
+            m3, m4, m5 = _view(m, at + 3 * step, o), _view(m, at + 4 * step, o), _view(m, at + 5 * step, o)
+            for k in range(o):
+                cols[s, k], cols[PATCH + s, k], cols[2 * PATCH + s, k], cols[3 * PATCH + s, k] = _a_t(m0[k], m1[k], m2[k], m3[k], m4[k], m5[k])
+
     @jit.njit(cache=True, nogil=True, fastmath=True)
     def _tiles_out(m, y, bias, t0, t1, rows, o, oh, ow, th, tw, lo, hi):
         """Result tiles t0..t1 of NHWC y from M[e, q, :] (addresses all): Aᵀ m A, the bias added
         and clamped to [lo, hi]."""
         per_image = th * tw
         cols = _stack_rows(24)  # Aᵀ m: row p * 6 + s holds (Aᵀ m)[p, s]
-        step = PATCH * rows * o
         b = _view(bias, 0, o)
         for t in range(t0, t1):
             q = t - t0
             img, rest = t // per_image, t % per_image
             y0, x0 = (rest // tw) * TILE, (rest % tw) * TILE
-            for s in range(PATCH):  # Aᵀ m, column by column
-                at = (s * rows + q) * o
-                m0, m1, m2 = _view(m, at, o), _view(m, at + step, o), _view(m, at + 2 * step, o)
-                m3, m4, m5 = _view(m, at + 3 * step, o), _view(m, at + 4 * step, o), _view(m, at + 5 * step, o)
-                for k in range(o):
-                    cols[s, k], cols[PATCH + s, k], cols[2 * PATCH + s, k], cols[3 * PATCH + s, k] = _a_t(m0[k], m1[k], m2[k], m3[k], m4[k], m5[k])
+            _a_t_columns(m, cols, q, rows, o)
             width = min(TILE, ow - x0)
             for p in range(min(TILE, oh - y0)):  # (Aᵀ m) A, row by row, into the image
                 at, r = ((img * oh + y0 + p) * ow + x0) * o, p * PATCH
@@ -255,6 +263,39 @@ if jit.AVAILABLE:
                         for k in range(o):
                             v0, v1, v2, _ = _a_t(cols[r, k], cols[r + 1, k], cols[r + 2, k], cols[r + 3, k], cols[r + 4, k], cols[r + 5, k])
                             out[k] = min(max((v0 if j == 0 else v1 if j == 1 else v2) + b[k], lo), hi)
+
+    @jit.njit(cache=True, nogil=True, fastmath=True)
+    def _tiles_pooled(m, y, bias, t0, t1, rows, o, oh, ow, th, tw, lo, hi):
+        """Result tiles t0..t1 as _tiles_out makes them, each 2x2 square of results max-pooled into
+        NHWC y (n, oh // 2, ow // 2, o). oh and ow are even, so every square lies in one tile. The
+        bias and the clamp go after the maximum: both keep the order of values, so the result is
+        the same as pooling the clamped results."""
+        per_image = th * tw
+        cols = _stack_rows(24)
+        b = _view(bias, 0, o)
+        ph, pw = oh // 2, ow // 2
+        for t in range(t0, t1):
+            q = t - t0
+            img, rest = t // per_image, t % per_image
+            y0, x0 = (rest // tw) * TILE, (rest % tw) * TILE
+            _a_t_columns(m, cols, q, rows, o)
+            for pr in range(min(2, (oh - y0) // 2)):  # a pooled row from each pair of result rows
+                at = ((img * ph + y0 // 2 + pr) * pw + x0 // 2) * o
+                r, u = 2 * pr * PATCH, (2 * pr + 1) * PATCH
+                left = _view(y, at, o)
+                if x0 + TILE <= ow:
+                    right = _view(y, at + o, o)
+                    for k in range(o):
+                        a0, a1, a2, a3 = _a_t(cols[r, k], cols[r + 1, k], cols[r + 2, k], cols[r + 3, k], cols[r + 4, k], cols[r + 5, k])
+                        c0, c1, c2, c3 = _a_t(cols[u, k], cols[u + 1, k], cols[u + 2, k], cols[u + 3, k], cols[u + 4, k], cols[u + 5, k])
+                        bk = b[k]
+                        left[k] = min(max(max(max(a0, a1), max(c0, c1)) + bk, lo), hi)
+                        right[k] = min(max(max(max(a2, a3), max(c2, c3)) + bk, lo), hi)
+                else:  # at the right edge: one pooled column
+                    for k in range(o):
+                        a0, a1, _, _ = _a_t(cols[r, k], cols[r + 1, k], cols[r + 2, k], cols[r + 3, k], cols[r + 4, k], cols[r + 5, k])
+                        c0, c1, _, _ = _a_t(cols[u, k], cols[u + 1, k], cols[u + 2, k], cols[u + 3, k], cols[u + 4, k], cols[u + 5, k])
+                        left[k] = min(max(max(max(a0, a1), max(c0, c1)) + b[k], lo), hi)
 
     def _member(data):  # compiled into a C callable by jit.entry_address
         head = carray(jit.int64s_at(data), (_HEAD,))
@@ -276,7 +317,10 @@ if jit.AVAILABLE:
             _patches_in(head[_SRC], mine[_V], t0, t1, rows, h, wd, c, th, tw, head[_PAD_TOP], head[_PAD_LEFT])
             jit.c_call4(head[_EXECUTE], mine[at], mine[_STREAM], mine[at + 1], mine[at + 2])
             jit.c_call1(head[_WAIT], mine[_STREAM])
-            _tiles_out(mine[_M], head[_DST], head[_BIAS], t0, t1, rows, o, oh, ow, th, tw, lo, hi)
+            if head[_POOL]:
+                _tiles_pooled(mine[_M], head[_DST], head[_BIAS], t0, t1, rows, o, oh, ow, th, tw, lo, hi)
+            else:
+                _tiles_out(mine[_M], head[_DST], head[_BIAS], t0, t1, rows, o, oh, ow, th, tw, lo, hi)
 
 
 BIG = float(np.finfo(np.float32).max)  # "no bound": finite, as fast-math code may assume no infinities
@@ -333,11 +377,14 @@ class WinogradConv:
         that never does (too few tiles at its batch) holds no second copy of its weights."""
         return onednn.BatchedMatmul(transformed_weights(self.w), name=f"{self.name}/winograd")
 
-    def call(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int) -> KernelCall:
-        """The chain's call for NHWC inputs of `x_shape`, writing (n, oh, ow, o)."""
+    def call(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int, pool: bool = False) -> KernelCall:
+        """The chain's call for NHWC inputs of `x_shape`, writing (n, oh, ow, o); with `pool`, the
+        results max-pooled 2x2 with stride 2, (n, oh // 2, ow // 2, o), for even oh and ow."""
         n, h, wd, c = x_shape
         if c != self.c:
             raise ValueError(f"Conv {self.name}: input has {c} channels, weights expect {self.c}")
+        if pool and not pools(oh, ow):
+            raise ValueError(f"Conv {self.name}: a 2x2 pooling of {oh}x{ow} results needs even sides")
         tiles = tiles_of(n, oh, ow)
         per_block = block_tiles(self.c, self.o, tiles, omp.TEAM)
         last = tiles % per_block
@@ -362,14 +409,16 @@ class WinogradConv:
             head = np.zeros(_HEAD, np.int64)
             head[_NUM_THREADS:_WAIT + 1] = [omp.NUM_THREADS, omp.THREAD_NUM, omp.PLACE, onednn.C_FUNCTIONS[1], onednn.C_FUNCTIONS[2]]
             head[_N:_BLOCK_TILES + 1] = [n, h, wd, c, self.o, oh, ow, pad_top, pad_left, tiles, per_block]
-            head[_BIAS], head[_TABLE] = self.consts.ctypes.data, table.ctypes.data
+            head[_BIAS], head[_TABLE], head[_POOL] = self.consts.ctypes.data, table.ctypes.data, int(pool)
             return head, kept
 
-        return KernelCall(jit.entry_address(_member), block, _SRC, _DST, (n, oh, ow, self.o), team=True)
+        shape = (n, oh // 2, ow // 2, self.o) if pool else (n, oh, ow, self.o)
+        return KernelCall(jit.entry_address(_member), block, _SRC, _DST, shape, team=True)
 
-    def site(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int) -> "WinogradSite":
-        """This convolution for NHWC inputs of one shape: what a kernel keeps per shape it sees."""
-        return WinogradSite(self, x_shape, self.call(x_shape, oh, ow, pad_top, pad_left))
+    def site(self, x_shape: tuple[int, ...], oh: int, ow: int, pad_top: int, pad_left: int, pool: bool = False) -> "WinogradSite":
+        """This convolution for NHWC inputs of one shape (`pool`: as `call` says): what a kernel
+        keeps per shape it sees."""
+        return WinogradSite(self, x_shape, self.call(x_shape, oh, ow, pad_top, pad_left, pool))
 
 
 class WinogradSite:
@@ -385,6 +434,12 @@ class WinogradSite:
 
     def __call__(self, x: np.ndarray, residual: None = None, overwrite_residual: bool = False) -> np.ndarray:
         return self._chain(x)[0]
+
+
+def pools(oh: int, ow: int) -> bool:
+    """Whether the results' 2x2 max pooling (stride 2, no padding) can be made in the tiles: with
+    even sides every pooling window lies in one tile, and none is left over at an edge."""
+    return oh % 2 == 0 and ow % 2 == 0
 
 
 def worth(x_shape: tuple[int, ...], oh: int, ow: int) -> bool:
