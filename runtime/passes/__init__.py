@@ -15,14 +15,14 @@ from .chains import chain_dense_layers
 from .attention import fuse_attention
 from .affine import fold_affine_chains
 from .concat_chains import grow_concat_chains
-from .conv_pool import fuse_conv_max_pool
+from .conv_pool import fuse_conv_max_pool, pool_before_pointwise
 from . import quantization
 from .shape_inference import infer_shapes
 from .views import collapse_views, matmul_operands_as_views
 
 PIPELINE = ("infer_shapes", "quantization.prepare", "fold_constants", "rewrite_recurrent_loops", "fuse", "hoist_strides", "quantization.requantize", "merge_sibling_matmuls",
             "fold_scale_into_softmax", "to_nhwc",
-            "collapse_views", "fuse_attention", "matmul_operands_as_views", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "fuse_conv_max_pool", "to_blocked", "eliminate_dead_nodes", "infer_shapes", "grow_concat_chains")
+            "collapse_views", "fuse_attention", "matmul_operands_as_views", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "fuse_conv_max_pool", "pool_before_pointwise", "to_blocked", "eliminate_dead_nodes", "infer_shapes", "grow_concat_chains")
 
 
 def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
@@ -51,6 +51,7 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
         fold_affine_chains(graph)
         infer_shapes(graph)
         fuse_conv_max_pool(graph)  # reads the convolutions' result shapes
+        pool_before_pointwise(graph)
         infer_shapes(graph)
         to_blocked(graph)
     eliminate_dead_nodes(graph)
@@ -60,4 +61,4 @@ def optimize(graph: Graph, fusion: bool = True, layout: bool = True) -> Graph:
     return graph
 
 
-__all__ = ["optimize", "fold_constants", "rewrite_recurrent_loops", "fuse", "hoist_strides", "merge_sibling_matmuls", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "fuse_conv_max_pool", "grow_concat_chains", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]
+__all__ = ["optimize", "fold_constants", "rewrite_recurrent_loops", "fuse", "hoist_strides", "merge_sibling_matmuls", "chain_dense_layers", "fuse_squeeze_excite", "fold_affine_chains", "fuse_conv_max_pool", "pool_before_pointwise", "grow_concat_chains", "fuse_attention", "fold_scale_into_softmax", "to_nhwc", "to_blocked", "collapse_views", "matmul_operands_as_views", "eliminate_dead_nodes", "infer_shapes", "PIPELINE"]

@@ -1,21 +1,29 @@
-"""A 3x3 convolution's 2x2 max pooling made in its Winograd tiles (kernels/winograd.py): in NHWC,
+"""A convolution and the pooling that is its one reader, made cheaper together (NHWC ops: runs
+after the layout pass, and before the blocked one, which leaves pooled convolutions NHWC).
+
+fuse_conv_max_pool: a 3x3 convolution's 2x2 max pooling made in its Winograd tiles
+(kernels/winograd.py),
 
     FusedConvNHWC(x) -> MaxPoolNHWC(2x2, stride 2, no padding)
 
-becomes one FusedConvNHWC marked MAX_POOL_2X2, where the pooling is the convolution's one reader.
-Why: the convolution's results are four times the pooling's, written out and read back for one
-pass of maxima (a VGG-style block's last layer, a small CNN's); the tiles hold each 2x2 square
-when they are made. Taken only where the convolution runs on Winograd's form at every batch
-(its layer shape has even sides and enough tiles at batch 1): elsewhere the pooling would run
-after the convolution in the same step, and leave the chains that run the two as one call.
-Runs after the layout pass (the pattern is in its NHWC ops) and before the blocked one, which
-leaves pooled convolutions NHWC.
+becomes one FusedConvNHWC marked MAX_POOL_2X2. Why: the convolution's results are four times the
+pooling's, written out and read back for one pass of maxima (a VGG-style block's last layer, a
+small CNN's); the tiles hold each 2x2 square when they are made. Taken only where the convolution
+runs on Winograd's form at every batch (its layer shape has even sides and enough tiles at batch
+1): elsewhere the pooling would run after the convolution in the same step, and leave the chains
+that run the two as one call.
+
+pool_before_pointwise: an unpadded average pooling of a 1x1 convolution's results (DenseNet's
+transition layers) runs first, on the convolution's input. A 1x1 convolution maps each pixel on
+its own, by the same affine map, so it commutes with averaging pixels: the convolution then
+computes a quarter of the pixels (a 2x2 pooling's), for a pooling pass over its input channels
+instead of its output channels. Results are within float32's rounding of the other order.
 """
 from __future__ import annotations
 
 from typing import Any
 
-from ..graph import Graph, Node
+from ..graph import Graph, Node, unique_name
 from ..kernels import onednn, winograd
 from ..kernels.nhwc import MAX_POOL_2X2
 
@@ -24,18 +32,22 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
+def _unpadded(node: Node) -> bool:
+    """A pooling of whole windows inside the image: no padding, floor mode, no dilation, one output."""
+    a = node.attrs
+    return (len(node.outputs) == 1 and not any(a.get("pads") or ()) and all(d == 1 for d in a.get("dilations") or ())
+            and not a.get("ceil_mode", 0) and _text(a.get("auto_pad", "NOTSET")) in ("NOTSET", "VALID", ""))
+
+
 def _pools_2x2(node: Node) -> bool:
     """A max pooling of 2x2 windows, stride 2, unpadded and in floor mode, with no indices output."""
-    a = node.attrs
-    return (node.op == "MaxPoolNHWC" and len(node.outputs) == 1 and list(a.get("kernel_shape") or ()) == [2, 2]
-            and list(a.get("strides") or ()) == [2, 2] and not any(a.get("pads") or ())
-            and all(d == 1 for d in a.get("dilations") or ()) and not a.get("ceil_mode", 0)
-            and _text(a.get("auto_pad", "NOTSET")) in ("NOTSET", "VALID", ""))
+    return (node.op == "MaxPoolNHWC" and _unpadded(node) and list(node.attrs.get("kernel_shape") or ()) == [2, 2]
+            and list(node.attrs.get("strides") or ()) == [2, 2])
 
 
 def _on_winograd_tiles(graph: Graph, conv: Node) -> bool:
     """Whether `conv` runs on Winograd's form with its pooling in the tiles at every batch."""
-    if conv.op != "FusedConvNHWC" or conv.attrs.get(MAX_POOL_2X2) or len(conv.inputs) > 3 and conv.inputs[3]:
+    if conv.attrs.get(MAX_POOL_2X2) or len(conv.inputs) > 3 and conv.inputs[3]:
         return False
     w = graph.constants.get(conv.inputs[1])
     act = onednn.activation_post_op(conv.attrs.get("activation")) if onednn.AVAILABLE else False
@@ -51,13 +63,47 @@ def _on_winograd_tiles(graph: Graph, conv: Node) -> bool:
     return oh > 0 and ow > 0 and winograd.pools(oh, ow) and winograd.tiles_of(1, oh, ow) >= winograd.MIN_TILES
 
 
+def _sole_reader_of_conv(graph: Graph, pool: Node, users: dict[str, list[Node]], outputs: set[str],
+                         producers: dict[str, Node]) -> Node | None:
+    """The FusedConvNHWC whose result only `pool` reads; None where there is none."""
+    conv = producers.get(pool.inputs[0])
+    if conv is None or conv.op != "FusedConvNHWC" or conv.outputs[0] in outputs or len(users.get(conv.outputs[0], [])) != 1:
+        return None
+    return conv
+
+
+def _pointwise(graph: Graph, conv: Node) -> bool:
+    """A float32 1x1 convolution of stride 1, unpadded, with no activation and no residual sum:
+    the same affine map of each pixel alone."""
+    a = conv.attrs
+    w = graph.constants.get(conv.inputs[1])
+    info = graph.values.get(conv.inputs[0])
+    return (w is not None and w.ndim == 4 and w.shape[2:] == (1, 1) and not a.get("activation") and not a.get(MAX_POOL_2X2)
+            and not (len(conv.inputs) > 3 and conv.inputs[3]) and all(s == 1 for s in a.get("strides") or ())
+            and not any(a.get("pads") or ()) and _text(a.get("auto_pad", "NOTSET")) in ("NOTSET", "VALID", "")
+            and info is not None and str(info.dtype) == "float32")
+
+
+def pool_before_pointwise(graph: Graph) -> Graph:
+    users, outputs, producers = graph.consumers(), graph.output_names(), graph.producers()
+    taken = graph.value_names()
+    for pool in [n for n in graph.nodes if n.op == "AveragePoolNHWC" and _unpadded(n)]:
+        conv = _sole_reader_of_conv(graph, pool, users, outputs, producers)
+        if conv is None or not _pointwise(graph, conv):
+            continue
+        pooled = unique_name(f"{pool.outputs[0]}/before_{conv.name}", taken)
+        graph.values.pop(conv.outputs[0], None)
+        pool.inputs, pool.outputs, conv.inputs[0], conv.outputs = [conv.inputs[0]], [pooled], pooled, list(pool.outputs)
+        i, j = graph.nodes.index(conv), graph.nodes.index(pool)
+        graph.nodes[i], graph.nodes[j] = pool, conv  # the pool reads what the convolution read: it goes where that was
+    return graph
+
+
 def fuse_conv_max_pool(graph: Graph) -> Graph:
     users, outputs, producers = graph.consumers(), graph.output_names(), graph.producers()
     for pool in [n for n in graph.nodes if _pools_2x2(n)]:
-        conv = producers.get(pool.inputs[0])
-        if conv is None or conv.outputs[0] in outputs or len(users.get(conv.outputs[0], [])) != 1:
-            continue
-        if not _on_winograd_tiles(graph, conv):
+        conv = _sole_reader_of_conv(graph, pool, users, outputs, producers)
+        if conv is None or not _on_winograd_tiles(graph, conv):
             continue
         graph.values.pop(conv.outputs[0], None)
         conv.outputs = list(pool.outputs)
@@ -66,4 +112,4 @@ def fuse_conv_max_pool(graph: Graph) -> Graph:
     return graph
 
 
-__all__ = ["fuse_conv_max_pool"]
+__all__ = ["fuse_conv_max_pool", "pool_before_pointwise"]

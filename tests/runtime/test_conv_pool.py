@@ -1,10 +1,12 @@
-"""A 3x3 convolution's 2x2 max pooling made in its Winograd tiles (passes/conv_pool.py,
-kernels/winograd.py). Watched by what it changes: the pooled kernel equals the convolution's
-clamped results pooled (edge tiles, a last tile one pooled column wide, batches, any team size);
-plans of Conv + ReLU + MaxPool run one pooled step with onnxruntime's results; and every pattern
-the pass must leave alone (a second reader, other windows, odd sides, too few tiles, Winograd
-off) keeps its MaxPool and onnxruntime's results. fp32 tolerance from the one table
-(runtime/accuracy.py)."""
+"""A convolution and the pooling that reads it (passes/conv_pool.py). A 3x3 convolution's 2x2 max
+pooling made in its Winograd tiles (kernels/winograd.py): the pooled kernel equals the
+convolution's clamped results pooled (edge tiles, a last tile one pooled column wide, batches, any
+team size); plans of Conv + ReLU + MaxPool run one pooled step with onnxruntime's results; every
+pattern the pass must leave alone (a second reader, other windows, odd sides, too few tiles,
+Winograd off) keeps its MaxPool and onnxruntime's results. An average pooling of a 1x1
+convolution's results runs first: the convolution then reads the pooled pixels, with
+onnxruntime's results, and the patterns that do not commute keep their order. fp32 tolerance from
+the one table (runtime/accuracy.py)."""
 from __future__ import annotations
 
 from typing import Any
@@ -151,3 +153,49 @@ def test_a_pooled_convolution_off_the_tiles_pools_after_it(onednn_on: bool, monk
     (whole,) = kernel.factory(plain)(x, w, b)
     assert got.shape == (2, 5, 6, 8)
     np.testing.assert_array_equal(got, pooled(whole))
+
+
+def pointwise_pool(pool: str = "AveragePool", pool_attrs: dict[str, Any] | None = None, conv_attrs: dict[str, Any] | None = None,
+                   kernel: int = 1, relu: bool = False, also_out: bool = False) -> onnx.ModelProto:
+    """Conv (24 to 16, `kernel` square) + bias [+ ReLU], then a pooling (2x2, stride 2 unless `pool_attrs` says)."""
+    nodes = [node("Conv", ["x", "w", "b"], ["c"], **(conv_attrs or {}))]
+    if relu:
+        nodes.append(node("Relu", ["c"], ["r"]))
+    nodes.append(node(pool, ["r" if relu else "c"], ["y"], **(pool_attrs or {"kernel_shape": [2, 2], "strides": [2, 2]})))
+    consts = {"w": f32(16, 24, kernel, kernel) * 0.2, "b": f32(16)}
+    return make_model(nodes, {"x": f32(1, 24, 12, 10)}, ["y", "c"] if also_out else ["y"], consts, dynamic_batch=True)
+
+
+def conv_inputs(model: onnx.ModelProto, x: np.ndarray) -> list[tuple[int, ...]]:
+    """The shapes the plan's convolutions read, after checking its outputs against onnxruntime's."""
+    seen: list[tuple[int, ...]] = []
+    got, _ = run_plan(model, {"x": x}, on_step=lambda op, args, out: seen.append(args[0].shape) if op == "FusedConvNHWC" else None)
+    for g, want in zip(got, run_ort(model, {"x": x})):
+        np.testing.assert_allclose(g, want, rtol=TOL.rtol, atol=TOL.atol)
+    return seen
+
+
+@pytest.mark.parametrize("batch", [1, 3])
+def test_a_pointwise_convolution_reads_the_pooled_pixels_with_onnxruntime_s_results(batch: int) -> None:
+    model = pointwise_pool()
+    ops = [op for op, _ in ops_after_optimizing(model)]
+    assert ops.index("AveragePoolNHWC") < ops.index("FusedConvNHWC")
+    assert conv_inputs(model, f32(batch, 24, 12, 10)) == [(batch, 6, 5, 24)]
+
+
+NOT_COMMUTING = {
+    "an activation between": dict(relu=True),
+    "a 3x3 convolution": dict(kernel=3, conv_attrs={"pads": [1, 1, 1, 1]}),
+    "a strided convolution": dict(conv_attrs={"strides": [2, 2]}),
+    "padded windows counting the padding": dict(pool_attrs={"kernel_shape": [2, 2], "strides": [2, 2], "pads": [1, 1, 1, 1],
+                                                            "count_include_pad": 1}),
+    "a max pooling": dict(pool="MaxPool"),
+    "the convolution's result is read elsewhere too": dict(also_out=True),
+}
+
+
+@pytest.mark.parametrize("name", NOT_COMMUTING)
+def test_a_convolution_the_pooling_does_not_commute_with_keeps_its_order(name: str) -> None:
+    model = pointwise_pool(**NOT_COMMUTING[name])
+    shapes = conv_inputs(model, f32(2, 24, 12, 10))
+    assert shapes == [(2, 12, 10, 24)]  # the whole image, before any pooling
