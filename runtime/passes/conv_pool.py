@@ -21,27 +21,26 @@ instead of its output channels. Results are within float32's rounding of the oth
 """
 from __future__ import annotations
 
-from typing import Any
-
 from ..graph import Graph, Node, unique_name
 from ..kernels import onednn, winograd
 from ..kernels.nhwc import MAX_POOL_2X2
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
+from .fusion import ConsumerIndex, explicit_pads
 
 
 def _unpadded(node: Node) -> bool:
-    """A pooling of whole windows inside the image: no padding, floor mode, no dilation, one output."""
+    """A node whose windows lie inside the image: no padding (auto_pad NOTSET or VALID)."""
+    return node.attrs.get("auto_pad", "NOTSET") in ("NOTSET", "VALID") and not any(explicit_pads(node))
+
+
+def _whole_windows(node: Node) -> bool:
+    """A pooling of whole windows inside the image: unpadded, floor mode, no dilation, one output."""
     a = node.attrs
-    return (len(node.outputs) == 1 and not any(a.get("pads") or ()) and all(d == 1 for d in a.get("dilations") or ())
-            and not a.get("ceil_mode", 0) and _text(a.get("auto_pad", "NOTSET")) in ("NOTSET", "VALID", ""))
+    return len(node.outputs) == 1 and _unpadded(node) and all(d == 1 for d in a.get("dilations") or ()) and not a.get("ceil_mode", 0)
 
 
 def _pools_2x2(node: Node) -> bool:
     """A max pooling of 2x2 windows, stride 2, unpadded and in floor mode, with no indices output."""
-    return (node.op == "MaxPoolNHWC" and _unpadded(node) and list(node.attrs.get("kernel_shape") or ()) == [2, 2]
+    return (node.op == "MaxPoolNHWC" and _whole_windows(node) and list(node.attrs.get("kernel_shape") or ()) == [2, 2]
             and list(node.attrs.get("strides") or ()) == [2, 2])
 
 
@@ -63,11 +62,10 @@ def _on_winograd_tiles(graph: Graph, conv: Node) -> bool:
     return oh > 0 and ow > 0 and winograd.pools(oh, ow) and winograd.tiles_of(1, oh, ow) >= winograd.MIN_TILES
 
 
-def _sole_reader_of_conv(graph: Graph, pool: Node, users: dict[str, list[Node]], outputs: set[str],
-                         producers: dict[str, Node]) -> Node | None:
-    """The FusedConvNHWC whose result only `pool` reads; None where there is none."""
+def _conv_read_only_by(idx: ConsumerIndex, producers: dict[str, Node], pool: Node) -> Node | None:
+    """The FusedConvNHWC whose result `pool` alone reads; None where there is none."""
     conv = producers.get(pool.inputs[0])
-    if conv is None or conv.op != "FusedConvNHWC" or conv.outputs[0] in outputs or len(users.get(conv.outputs[0], [])) != 1:
+    if conv is None or conv.op != "FusedConvNHWC" or idx.sole_user(conv.outputs[0]) is not pool:
         return None
     return conv
 
@@ -80,15 +78,13 @@ def _pointwise(graph: Graph, conv: Node) -> bool:
     info = graph.values.get(conv.inputs[0])
     return (w is not None and w.ndim == 4 and w.shape[2:] == (1, 1) and not a.get("activation") and not a.get(MAX_POOL_2X2)
             and not (len(conv.inputs) > 3 and conv.inputs[3]) and all(s == 1 for s in a.get("strides") or ())
-            and not any(a.get("pads") or ()) and _text(a.get("auto_pad", "NOTSET")) in ("NOTSET", "VALID", "")
-            and info is not None and str(info.dtype) == "float32")
+            and _unpadded(conv) and info is not None and str(info.dtype) == "float32")
 
 
 def pool_before_pointwise(graph: Graph) -> Graph:
-    users, outputs, producers = graph.consumers(), graph.output_names(), graph.producers()
-    taken = graph.value_names()
-    for pool in [n for n in graph.nodes if n.op == "AveragePoolNHWC" and _unpadded(n)]:
-        conv = _sole_reader_of_conv(graph, pool, users, outputs, producers)
+    idx, producers, taken = ConsumerIndex(graph), graph.producers(), graph.value_names()
+    for pool in [n for n in graph.nodes if n.op == "AveragePoolNHWC" and _whole_windows(n)]:
+        conv = _conv_read_only_by(idx, producers, pool)
         if conv is None or not _pointwise(graph, conv):
             continue
         pooled = unique_name(f"{pool.outputs[0]}/before_{conv.name}", taken)
@@ -96,19 +92,19 @@ def pool_before_pointwise(graph: Graph) -> Graph:
         pool.inputs, pool.outputs, conv.inputs[0], conv.outputs = [conv.inputs[0]], [pooled], pooled, list(pool.outputs)
         i, j = graph.nodes.index(conv), graph.nodes.index(pool)
         graph.nodes[i], graph.nodes[j] = pool, conv  # the pool reads what the convolution read: it goes where that was
+        idx.users = graph.consumers()
     return graph
 
 
 def fuse_conv_max_pool(graph: Graph) -> Graph:
-    users, outputs, producers = graph.consumers(), graph.output_names(), graph.producers()
+    idx, producers = ConsumerIndex(graph), graph.producers()
     for pool in [n for n in graph.nodes if _pools_2x2(n)]:
-        conv = _sole_reader_of_conv(graph, pool, users, outputs, producers)
+        conv = _conv_read_only_by(idx, producers, pool)
         if conv is None or not _on_winograd_tiles(graph, conv):
             continue
         graph.values.pop(conv.outputs[0], None)
-        conv.outputs = list(pool.outputs)
         conv.attrs = {**conv.attrs, MAX_POOL_2X2: 1}
-        graph.nodes.remove(pool)
+        idx.bypass(pool, conv)
     return graph
 
 
