@@ -22,7 +22,7 @@ from starlette.responses import Response
 import kubetrt
 from kubetrt.telemetry.logs import log
 
-from . import oip, tfserving
+from . import json_numbers, oip, tfserving
 from .calls import lookup, tracked
 from .infer_route import InferRoute, read_body
 from .errors import BadRequest, ServingError, Unavailable, error_response
@@ -106,9 +106,11 @@ def create_app(
 
 
 async def _load_and_freeze(registry: ModelRegistry) -> None:
-    """Load the models, then move everything alive into the collector's permanent generation: a
+    """Compile the JSON number scanner and load the models, then move everything alive into the
+    collector's permanent generation: a
     full collection walked every object of the loaded runtime (50-120 ms, each one a latency spike
     for every request in flight); after the freeze it walks only what requests allocate."""
+    await asyncio.to_thread(json_numbers.warm_up)
     await registry.load_all()
     gc.collect()
     gc.freeze()

@@ -12,26 +12,54 @@ before. Nested arrays come out flattened in order, as Triton reads them: the ten
 shape, checked against the element count, gives them their shape. A request too short to hold
 much (a binary tensor's header, a few values) is read by orjson as Python values instead: there
 simdjson's parser costs more to set up than it saves.
+
+A large body's long flat `data` arrays are not parsed with the rest: each is cut out of the text
+(a marker string in its place), the small remainder parsed, and the array left as a TextArray,
+which json_numbers reads into float32 on every core once the tensor's dtype says float32 (other
+dtypes, and text the scanner refuses, go through simdjson as above, and a malformed array raises
+MalformedJSON then). Where the markers do not all come back as some input's `data` (the word was
+inside a string, say), the body is parsed whole as before.
 """
 from __future__ import annotations
 
-from typing import Any
-
 import json
+import secrets
+from typing import Any
 
 import numpy as np
 import orjson
 import simdjson
 
+from . import json_numbers
+
 LONG_ARRAY = 64  # shorter arrays (shapes, a few values) are as cheap as Python values
 # bytes: a shorter request (a binary tensor's header, a few values) reads faster as Python values
 # than through simdjson's parser, whose set-up costs more than its arrays save
 SMALL_DOCUMENT = 2 << 10
+TEXT_ARRAY_BYTES = 64 << 10  # an array's text from this long on is cut out of the body and read by json_numbers
+# A cut array's place holder, a JSON string that starts with NUL (escaped): no client writes it by chance
+_MARKER = "kubetrt-" + secrets.token_hex(8) + "-"
 
 _BUFFER_TYPES = {"d": np.dtype(np.float64), "i": np.dtype(np.int64), "u": np.dtype(np.uint64)}
 
 
-class LazyArray:
+class MalformedJSON(ValueError):
+    """A TextArray's text is not a JSON array (json's message)."""
+
+
+class DeferredArray:
+    """A JSON array whose values are read once the tensor's dtype is known."""
+
+    __slots__ = ()
+
+    def to_list(self) -> list[Any]:
+        raise NotImplementedError
+
+    def to_numpy(self, dtype: np.dtype) -> np.ndarray | None:
+        raise NotImplementedError
+
+
+class LazyArray(DeferredArray):
     """A JSON array still in simdjson's parsed document; valid while that document lives."""
 
     __slots__ = ("_array",)
@@ -52,6 +80,36 @@ class LazyArray:
             return np.frombuffer(self._array.as_buffer(of_type=kind), dtype=_BUFFER_TYPES[kind])
         except (TypeError, ValueError):  # a boolean, string, null or out-of-range number among them
             return None
+
+
+class TextArray(DeferredArray):
+    """A flat JSON array still text: body[start:end] is its inside, between the brackets."""
+
+    __slots__ = ("_body", "_start", "_end")
+
+    def __init__(self, body: bytes, start: int, end: int) -> None:
+        self._body, self._start, self._end = body, start, end
+
+    def to_list(self) -> list[Any]:
+        parsed = self._parsed()
+        return parsed.to_list() if isinstance(parsed, LazyArray) else parsed
+
+    def to_numpy(self, dtype: np.dtype) -> np.ndarray | None:
+        if dtype == np.float32:
+            arr = json_numbers.read_float32(self._body, self._start, self._end)
+            if arr is not None:
+                return arr
+        parsed = self._parsed()
+        return parsed.to_numpy(dtype) if isinstance(parsed, LazyArray) else None
+
+    def _parsed(self) -> LazyArray | list[Any]:
+        try:
+            value = loads(self._body[self._start - 1 : self._end + 1])
+        except ValueError as e:
+            raise MalformedJSON(f"{e} (in a data array at byte {self._start - 1})") from None
+        if not isinstance(value, (LazyArray, list)):
+            raise MalformedJSON(f"not an array at byte {self._start - 1}")
+        return value
 
 
 def loads_values(body: bytes | bytearray | memoryview) -> Any:
@@ -77,14 +135,66 @@ def loads(body: bytes | bytearray | memoryview) -> Any:
 
 def loads_request(body: bytes | bytearray | memoryview) -> Any:
     """An inference request's JSON (a whole body, or the header before binary tensors): Python
-    values below SMALL_DOCUMENT (loads_values), else long arrays as LazyArray (loads)."""
-    return loads_values(body) if len(body) < SMALL_DOCUMENT else loads(body)
+    values below SMALL_DOCUMENT (loads_values), else long arrays as LazyArray (loads), and long
+    flat `data` arrays of inputs as TextArray where json_numbers can read them."""
+    if len(body) < SMALL_DOCUMENT:
+        return loads_values(body)
+    data = bytes(body) if not isinstance(body, bytes) else body
+    if len(data) >= TEXT_ARRAY_BYTES and json_numbers.available():
+        doc = _loads_cut(data)
+        if doc is not None:
+            return doc
+    return loads(data)
+
+
+def _loads_cut(body: bytes) -> Any | None:
+    """The document with its long flat `data` arrays as TextArray; None where there are none, or
+    the cut document does not hold them where an input's data goes."""
+    pieces: list[bytes] = []
+    arrays: dict[str, TextArray] = {}
+    done = 0
+    at = body.find(b'"data"')
+    while at >= 0:
+        i = at + 6
+        while i < len(body) and body[i] in b" \t\r\n":
+            i += 1
+        if body[i : i + 1] == b":":
+            i += 1
+            while i < len(body) and body[i] in b" \t\r\n":
+                i += 1
+            close = body.find(b"]", i) if body[i : i + 1] == b"[" else -1
+            if close - i >= TEXT_ARRAY_BYTES and body.find(b"[", i + 1, close) < 0:
+                marker = f"{_MARKER}{len(arrays)}"
+                arrays["\0" + marker] = TextArray(body, i + 1, close)
+                pieces += [body[done:i], b'"\\u0000', marker.encode(), b'"']
+                done = close + 1
+                at = close
+        at = body.find(b'"data"', at + 1)
+    if not arrays:
+        return None
+    pieces.append(body[done:])
+    rest = b"".join(pieces)
+    try:
+        doc = loads_values(rest) if len(rest) < SMALL_DOCUMENT else loads(rest)
+    except ValueError:
+        return None  # say what is wrong from the whole body
+    inputs = doc.get("inputs") if isinstance(doc, dict) else None
+    placed = 0
+    for t in inputs if isinstance(inputs, list) else ():
+        if isinstance(t, dict) and isinstance(t.get("data"), str) and t["data"] in arrays:
+            t["data"] = arrays[t["data"]]
+            placed += 1
+    return doc if placed == len(arrays) else None
 
 
 def _python(v: Any) -> Any:
     if isinstance(v, simdjson.Object):
         return {k: _python(v[k]) for k in v.keys()}
     if isinstance(v, simdjson.Array):
-        # len() of a simdjson array is its stored element count, not a walk
-        return LazyArray(v) if len(v) >= LONG_ARRAY else [_python(item) for item in v]
+        # len() of a simdjson array is its stored element count, not a walk; a few long rows are
+        # one tensor too, read flattened like a long array
+        n = len(v)
+        if n >= LONG_ARRAY or (n and isinstance(v[0], simdjson.Array)):
+            return LazyArray(v)
+        return [_python(item) for item in v]
     return v

@@ -102,7 +102,10 @@ def decode_infer_request(
         else:
             if "data" not in t:
                 raise BadRequest(f"{what}: has neither 'data' nor parameters.binary_data_size")
-            arr = array_from_json(t["data"], dtype, what)
+            try:
+                arr = array_from_json(t["data"], dtype, what)
+            except json_arrays.MalformedJSON as e:
+                raise BadRequest(f"malformed JSON in the request body: {e}") from None
             n = element_count(shape)
             if arr.size != n:
                 raise BadRequest(f"{what}: shape {list(shape)} needs {n} elements, data has {arr.size}")

@@ -14,7 +14,7 @@ from typing import Any, Sequence, TypeGuard
 import numpy as np
 
 from .errors import BadRequest
-from .json_arrays import LazyArray
+from .json_arrays import DeferredArray
 
 # OIP datatype name <-> numpy dtype (BYTES <-> object arrays of bytes).
 OIP_TO_NUMPY: dict[str, np.dtype] = {
@@ -72,11 +72,11 @@ def element_count(shape: Sequence[int]) -> int:
 
 
 def array_from_json(data: Any, dtype: np.dtype, what: str) -> np.ndarray:
-    """Nested or flat JSON list (or a LazyArray left in the body) -> array of `dtype`; `what`
-    names the tensor in errors."""
-    arr = data.to_numpy(dtype) if isinstance(data, LazyArray) else None
+    """Nested or flat JSON list (or an array left in the body's text or parsed document) -> array
+    of `dtype`; `what` names the tensor in errors."""
+    arr = data.to_numpy(dtype) if isinstance(data, DeferredArray) else None
     if arr is None:
-        if isinstance(data, LazyArray):
+        if isinstance(data, DeferredArray):
             data = data.to_list()
         if dtype.kind == "O":
             return bytes_array_from_json(data, what)

@@ -111,6 +111,17 @@ def test_booleans_strings_and_nested_arrays():
     assert same(read(text, "float32")[: grid.size], grid.ravel())
 
 
+def test_a_few_long_rows_read_as_one_tensor():
+    specs = [TensorSpec("x", "float32", (-1, 1000))]
+    rows = np.arange(2000, dtype=np.float32).reshape(2, 1000) / 3
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 1000], "data": rows.tolist()}]})
+    assert len(body) >= ja.SMALL_DOCUMENT and isinstance(ja.loads(body.encode())["inputs"][0]["data"], ja.LazyArray)
+    assert same(oip.decode_infer_request(body.encode(), None, specs, specs).feeds["x"], rows)
+    ragged = body.replace("]]", ", 1.0]]")
+    with pytest.raises(BadRequest, match=r"input 'x': shape \[2, 1000\] needs 2000 elements, data has 2001"):
+        oip.decode_infer_request(ragged.encode(), None, specs, specs)  # flattened, as Triton reads rows
+
+
 def test_long_arrays_stay_lazy_and_short_ones_python_values():
     assert isinstance(lazy(json.dumps(np.random.default_rng(0).random(100).tolist())), ja.LazyArray)
 

@@ -101,18 +101,26 @@ def test_unknown_version_is_404(client):
 
 
 def test_large_json_is_decoded_off_the_loop_and_binary_on_it(tc, cnn_model, monkeypatch):
-    """A large JSON body is parsed on a codec thread, so the event loop goes on serving; a binary
-    tensor of the same size is a view of the body, cheaper than the hand-off, so it stays."""
-    from kubetrt.serving import infer_route, oip
+    """A large JSON body is parsed on a codec thread, its tensor by the parallel scanner, so the
+    event loop goes on serving; a binary tensor of the same size is a view of the body, cheaper
+    than the hand-off, so it stays."""
+    from kubetrt.serving import infer_route, json_numbers, oip
 
     threads: list[str] = []
-    decode = oip.decode_infer_request
+    scanned: list[int] = []
+    decode, scan = oip.decode_infer_request, json_numbers.read_float32
 
     def spy(*args, **kwargs):
         threads.append(threading.current_thread().name)
         return decode(*args, **kwargs)
 
+    def scan_spy(*args, **kwargs):
+        out = scan(*args, **kwargs)
+        scanned.append(-1 if out is None else out.size)
+        return out
+
     monkeypatch.setattr(oip, "decode_infer_request", spy)
+    monkeypatch.setattr(json_numbers, "read_float32", scan_spy)
     x = cnn_input(12, seed=4)
     assert x.nbytes > infer_route.OFFLOAD_BYTES
     for binary in (False, True):
@@ -122,3 +130,4 @@ def test_large_json_is_decoded_off_the_loop_and_binary_on_it(tc, cnn_model, monk
         np.testing.assert_allclose(got, cnn_model.predict({"image": x})["output_0"], rtol=1e-6, atol=1e-7)
     assert threads[0].startswith("kubetrt-codec"), threads
     assert not threads[1].startswith("kubetrt-codec"), threads
+    assert scanned == [x.size] if json_numbers.available() else scanned == []
