@@ -59,6 +59,7 @@ import json
 import os
 import platform
 import resource
+import shlex
 import shutil
 import signal
 import socket
@@ -265,6 +266,7 @@ class Server:
     metrics_port: int = field(default_factory=free_port)
     device: str = "host"  # kubetrt's; the peers run onnxruntime on the CPU
     max_batch_size: int | None = None  # kubetrt's; None: kubetrt serve's default
+    kubetrt_args: tuple[str, ...] = ()  # more flags for kubetrt serve
     grpc: bool = True
     grpc_missing: str = ""
     proc: subprocess.Popen[bytes] | None = None
@@ -283,6 +285,7 @@ class Server:
                    "--device", self.device]
             if self.max_batch_size is not None:
                 cmd += ["--max-batch-size", str(self.max_batch_size)]
+            cmd += list(self.kubetrt_args)
             help_text = subprocess.run([str(kubetrt), "serve", "--help"], capture_output=True, text=True).stdout
             if "--grpc-port" in help_text:
                 cmd += ["--grpc-port", str(self.grpc_port)]
@@ -679,10 +682,10 @@ def progress(msg: str) -> None:
 
 def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[str], clients: list[int],
                       seconds: float, warmup: float, timeout: float, work: Path, device: str,
-                      max_batch_size: int | None = None) -> list[Cell]:
+                      max_batch_size: int | None = None, kubetrt_args: tuple[str, ...] = ()) -> list[Cell]:
     """One server up, its answers checked, its cells measured, the server stopped."""
     cells = [Cell(kind, model.name, p, c) for p in protocols for c in clients]
-    server = Server(kind, model, device=device, max_batch_size=max_batch_size)
+    server = Server(kind, model, device=device, max_batch_size=max_batch_size, kubetrt_args=kubetrt_args)
     t0 = time.monotonic()
     try:
         server.start(work)
@@ -795,6 +798,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--device", default="host", help="kubetrt serve --device (the peers run onnxruntime on the CPU)")
     p.add_argument("--max-batch-size", type=int, default=None,
                    help="kubetrt serve --max-batch-size (1 turns its batching off; default: serve's own)")
+    p.add_argument("--kubetrt-args", type=shlex.split, default=[], metavar="'FLAGS'",
+                   help="more flags for kubetrt serve, e.g. '--idle-poll-us 0' (an A/B of a setting)")
     a = p.parse_args(argv)
     for tool in ("wrk",):
         if shutil.which(tool) is None and {"json", "binary"} & set(a.protocols):
@@ -822,7 +827,8 @@ def main(argv: list[str] | None = None) -> int:
                         server_dir = work / name / f"{kind}-{r}"
                         server_dir.mkdir(parents=True, exist_ok=True)
                         for cell in serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
-                                                      a.timeout, server_dir, a.device, a.max_batch_size):
+                                                      a.timeout, server_dir, a.device, a.max_batch_size,
+                                                      tuple(a.kubetrt_args)):
                             by_cell.setdefault((cell.server, cell.model, cell.protocol, cell.clients), []).append(cell)
             finally:
                 bodies.close()
@@ -832,7 +838,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
           f"servers taking turns ({a.rounds} round{'s' if a.rounds > 1 else ''}"
           f"{', per cell the median round' if a.rounds > 1 else ''}); REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s; "
-          f"kubetrt --max-batch-size {a.max_batch_size if a.max_batch_size is not None else 'default'}")
+          f"kubetrt --max-batch-size {a.max_batch_size if a.max_batch_size is not None else 'default'}"
+          f"{' ' + shlex.join(a.kubetrt_args) if a.kubetrt_args else ''}")
     sys.path.insert(0, str(HERE))
     from _machine import cpu_line, device_line
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Awaitable, Callable, TypeVar
 
-from . import faults
+from . import faults, idle_polling
 from .errors import NotFound, Overloaded, ServingError
 from .metrics import UNKNOWN_MODEL
 from .registry import ModelRegistry, ServedModel
@@ -24,8 +24,11 @@ def lookup(registry: ModelRegistry, name: str, version: str | None) -> ServedMod
 
 
 async def tracked(served: ServedModel, handle: Callable[[], Awaitable[T]]) -> T:
-    """Run one inference call with in-flight, duration and outcome metrics for its model."""
+    """Run one inference call with in-flight, duration and outcome metrics for its model; the loop
+    polls for the next call a while after the last one in flight (idle_polling)."""
     m = served.metrics
+    polling = idle_polling.of_running_loop()
+    polling.enter()
     m.inflight.inc()
     t0 = time.perf_counter()
     try:
@@ -41,5 +44,6 @@ async def tracked(served: ServedModel, handle: Callable[[], Awaitable[T]]) -> T:
     finally:
         m.inflight.dec()
         m.request_duration.observe(time.perf_counter() - t0)
+        polling.leave(served.config.idle_poll_us / 1e6)
     m.outcome["success"].inc()
     return result

@@ -68,6 +68,7 @@ class ServingConfig:
     grpc_host: str = "127.0.0.1"
     graceful_timeout_s: float = 30.0  # on shutdown, how long in-flight gRPC calls may take
     shared_memory: bool = False  # Triton's system shared memory extension (shared_memory.py)
+    idle_poll_us: int = 500  # how long the loop polls for the next call after the last is answered (idle_polling.py)
 
 
 HELDOUT_CHECK_SAMPLES = 64  # enough to catch a broken engine at load, few enough to load fast

@@ -70,6 +70,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--batch-workers", type=_positive, default=1, help="batches in flight per model")
     p.add_argument("--request-timeout-s", type=_seconds, default=30.0, help="per-request deadline")
     p.add_argument("--max-body-bytes", type=_positive, default=64 << 20, help="larger request bodies get 413")
+    p.add_argument("--idle-poll-us", type=_non_negative, default=500,
+                   help="after answering the last call in flight, keep polling for the next one this long before "
+                        "sleeping (a woken thread costs more than a small model's run); 0: sleep at once")
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight requests may take to finish")
     p.add_argument("--no-golden-check", action="store_true",
@@ -139,6 +142,7 @@ def run(args: argparse.Namespace) -> int:
         grpc_host=args.host,
         graceful_timeout_s=args.graceful_timeout_s,
         shared_memory=args.shared_memory,
+        idle_poll_us=args.idle_poll_us,
     )
     app = create_app(model_sources(args), config)
     return serve(uvicorn_config(app, args.host, args.port, verbose=args.verbose,

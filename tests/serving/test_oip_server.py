@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import threading
+import time
 
 import httpx
 import numpy as np
@@ -131,3 +132,21 @@ def test_large_json_is_decoded_off_the_loop_and_binary_on_it(tc, cnn_model, monk
     assert threads[0].startswith("kubetrt-codec"), threads
     assert not threads[1].startswith("kubetrt-codec"), threads
     assert scanned == [x.size] if json_numbers.available() else scanned == []
+
+
+def test_the_server_polls_for_the_next_call_after_an_answer(tc, cnn_model):
+    from kubetrt.serving import idle_polling
+
+    def turns() -> int:
+        return sum(p.turns for p in list(idle_polling._BY_LOOP.values()))
+
+    x = cnn_input(1, seed=2)
+    inp = triton.InferInput("image", list(x.shape), "FP32")
+    inp.set_data_from_numpy(x, binary_data=True)
+    for _ in range(20):  # the shared server may still hold another test's call, which defers the polling
+        before = turns()
+        tc.infer("small_cnn", [inp])
+        time.sleep(0.01)  # past the window (--idle-poll-us, 500 by default)
+        if turns() > before:
+            return
+    raise AssertionError("the loop never polled after an answer")
