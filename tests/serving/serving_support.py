@@ -15,12 +15,23 @@ from typing import Any, Mapping
 import httpx
 import numpy as np
 import uvicorn
+from hypothesis import strategies as st
 
 from kubetrt.runtime.kernels import omp
 from kubetrt.runtime.run_threads import run_threads
 from kubetrt.serving.server import uvicorn_config
 
 MAX_BODY = 1 << 20  # the session server's --max-body-bytes
+
+# Every decimal form JSON allows: digits past 19, exponents past float32's and float64's ranges
+# both ways, written e or E, with or without +.
+json_decimals = st.builds(
+    lambda sign, whole, frac, exp: f"{sign}{whole}{'.' + frac if frac else ''}{exp}",
+    st.sampled_from(["", "-"]),
+    st.from_regex(r"0|[1-9][0-9]{0,24}", fullmatch=True),
+    st.from_regex(r"[0-9]{0,25}", fullmatch=True),
+    st.one_of(st.just(""), st.integers(-330, 330).map(lambda e: f"{'eE'[e % 2]}{'+' if e % 3 == 0 and e > 0 else ''}{e}")),
+)
 
 
 class LiveServer:

@@ -14,6 +14,7 @@ from kubetrt.serving import json_arrays as ja
 from kubetrt.serving import oip
 from kubetrt.serving.errors import BadRequest
 from kubetrt.serving.tensors import array_from_json
+from serving_support import json_decimals
 
 
 def lazy(text: str) -> ja.LazyArray | list:
@@ -40,17 +41,10 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
 
 
 floats64 = st.floats(allow_nan=False, allow_infinity=False)
-decimals = st.builds(
-    lambda sign, whole, frac, exp: f"{sign}{whole}{'.' + frac if frac else ''}{exp}",
-    st.sampled_from(["", "-"]),
-    st.from_regex(r"0|[1-9][0-9]{0,24}", fullmatch=True),
-    st.from_regex(r"[0-9]{0,25}", fullmatch=True),
-    st.one_of(st.just(""), st.integers(-300, 300).map(lambda e: f"e{e}")),
-)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(st.one_of(floats64.map(repr), decimals), min_size=1, max_size=30),
+@given(st.lists(st.one_of(floats64.map(repr), json_decimals), min_size=1, max_size=30),
        st.sampled_from(["float32", "float16", "float64"]))
 def test_floats_round_as_the_exact_path_does(values, dtype):
     text = padded(values)

@@ -16,6 +16,7 @@ from kubetrt.serving import json_numbers as jn
 from kubetrt.serving import oip
 from kubetrt.serving.errors import BadRequest
 from kubetrt.serving.tensors import array_from_json
+from serving_support import json_decimals
 
 pytestmark = pytest.mark.skipif(not jn.available(), reason="numba is off (KUBETRT_DISABLE_JIT): no scanner")
 
@@ -45,15 +46,8 @@ def same(a: np.ndarray, b: np.ndarray) -> bool:
     return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a, b, equal_nan=a.dtype.kind == "f")
 
 
-decimals = st.builds(
-    lambda sign, whole, frac, exp: f"{sign}{whole}{'.' + frac if frac else ''}{exp}",
-    st.sampled_from(["", "-"]),
-    st.from_regex(r"0|[1-9][0-9]{0,24}", fullmatch=True),
-    st.from_regex(r"[0-9]{0,25}", fullmatch=True),
-    st.one_of(st.just(""), st.integers(-330, 330).map(lambda e: f"{'eE'[e % 2]}{'+' if e % 3 == 0 and e > 0 else ''}{e}")),
-)
 numbers = st.one_of(st.floats(allow_nan=False, allow_infinity=False).map(repr),
-                    st.floats(width=32, allow_nan=False, allow_infinity=False).map(repr), decimals)
+                    st.floats(width=32, allow_nan=False, allow_infinity=False).map(repr), json_decimals)
 
 
 @settings(max_examples=150, deadline=None)
