@@ -85,10 +85,11 @@ class LazyArray(DeferredArray):
 class TextArray(DeferredArray):
     """A flat JSON array still text: body[start:end] is its inside, between the brackets."""
 
-    __slots__ = ("_body", "_start", "_end")
+    __slots__ = ("_body", "_start", "_end", "_value")
 
     def __init__(self, body: bytes, start: int, end: int) -> None:
         self._body, self._start, self._end = body, start, end
+        self._value: LazyArray | list[Any] | None = None
 
     def to_list(self) -> list[Any]:
         parsed = self._parsed()
@@ -103,13 +104,16 @@ class TextArray(DeferredArray):
         return parsed.to_numpy(dtype) if isinstance(parsed, LazyArray) else None
 
     def _parsed(self) -> LazyArray | list[Any]:
-        try:
-            value = loads(self._body[self._start - 1 : self._end + 1])
-        except ValueError as e:
-            raise MalformedJSON(f"{e} (in a data array at byte {self._start - 1})") from None
-        if not isinstance(value, (LazyArray, list)):
-            raise MalformedJSON(f"not an array at byte {self._start - 1}")
-        return value
+        """The array read the usual way, once (a BYTES or BOOL tensor asks for values, then a list)."""
+        if self._value is None:
+            try:
+                value = loads(self._body[self._start - 1 : self._end + 1])
+            except ValueError as e:
+                raise MalformedJSON(f"{e} (in a data array at byte {self._start - 1})") from None
+            if not isinstance(value, (LazyArray, list)):
+                raise MalformedJSON(f"not an array at byte {self._start - 1}")
+            self._value = value
+        return self._value
 
 
 def loads_values(body: bytes | bytearray | memoryview) -> Any:

@@ -165,3 +165,13 @@ def test_a_request_reads_alike_cut_or_whole():
         whole = oip.decode_infer_request(body, None, specs, specs)
     assert cut.id == "7" and same(cut.feeds["a"], a) and same(cut.feeds["b"], (a * 2).astype(np.float32))
     assert all(same(cut.feeds[n], whole.feeds[n]) for n in "ab")
+
+
+def test_strings_and_booleans_in_a_cut_array_read_as_before():
+    for values, dtype in ((['"ab"', '"\\u00e9"'], "object"), (["true", "false"], "bool")):
+        text = long_text(values)
+        data = data_of(body_of(text))
+        assert isinstance(data, ja.TextArray)
+        got = array_from_json(data, np.dtype(dtype), "input 'x'")
+        want = array_from_json(json.loads(text), np.dtype(dtype), "input 'x'")
+        assert got.dtype == want.dtype and got.tolist() == want.tolist()
