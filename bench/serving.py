@@ -5,6 +5,7 @@ model.onnx, driven by external load generators.
     python bench/serving.py [--models small_cnn mobilenet_v2] [--protocols json,binary,grpc,shm]
                             [--clients 1,16,64] [--seconds 10] [--warmup 3]
                             [--servers kubetrt,mlserver,kserve,triton] [--rounds 1]
+                            [--kubetrt-args '--idle-poll-us 0']   # flags for kubetrt serve (an A/B)
 
 Servers (each in its own venv under ~/.cache/kubetrt-bench/peers; one up at a time):
 - kubetrt: `kubetrt serve PACKAGE --port P [--grpc-port G]` on the test zoo's package, at its
