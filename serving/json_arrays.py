@@ -17,8 +17,8 @@ A large body's long flat `data` arrays are not parsed with the rest: each is cut
 (a marker string in its place), the small remainder parsed, and the array left as a TextArray,
 which json_numbers reads into float32 on every core once the tensor's dtype says float32 (other
 dtypes, and text the scanner refuses, go through simdjson as above, and a malformed array raises
-MalformedJSON then). Where the markers do not all come back as some input's `data` (the word was
-inside a string, say), the body is parsed whole as before.
+MalformedJSON then). Where the markers do not all come back as some input's `data` (an array
+under `parameters`, a key given twice), the body is parsed whole as before.
 """
 from __future__ import annotations
 
