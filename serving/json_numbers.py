@@ -13,12 +13,16 @@ are left to Python's float(): the same float32 the exact path makes, always.
 """
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 import numpy as np
 
 from kubetrt.runtime.kernels import jit
 from kubetrt.runtime.kernels.parallel import THREADS, split_range
+from kubetrt.telemetry.logs import log
+
+logger = logging.getLogger("kubetrt.serving")
 
 PART_BYTES = 128 << 10  # a part this large pays for handing it to another thread
 MAX_EXACT_FIXES = 256  # numbers per part left to float(); past this the caller reads the slow way
@@ -172,21 +176,33 @@ if jit.AVAILABLE:
         return (-1 - i if state == _BAD else n), nfix
 
 
+class _State:
+    usable = jit.AVAILABLE  # False also once the scanner failed to compile or run: JSON reads as before
+
+
 def available() -> bool:
-    return jit.AVAILABLE
+    return _State.usable
 
 
 def warm_up() -> None:
-    """Compile (or load from numba's cache) before the first request needs it."""
-    if jit.AVAILABLE:
-        read_float32(b"[1.5, -2e-3]", 1, 11)
+    """Compile (or load from numba's cache) before the first request needs it; a scanner that
+    fails to is switched off, with a warning, and JSON tensors are read the usual way."""
+    if not _State.usable:
+        return
+    try:
+        got = read_float32(b"[1.5, -2e-3]", 1, 11)
+        if got is None or got.tolist() != [1.5, np.float32(-2e-3)]:
+            raise RuntimeError(f"read [1.5, -2e-3] as {got}")
+    except Exception as e:  # noqa: BLE001 - an optimisation that cannot run must not keep the models from loading
+        _State.usable = False
+        log(logger, logging.WARNING, "JSON number scanner off", error=f"{type(e).__name__}: {e}")
 
 
 def read_float32(text: bytes, start: int, end: int) -> np.ndarray | None:
     """The numbers in text[start:end] (an array's inside, no brackets) as float32; None where they
     are not all plain JSON numbers (NaN, strings, nested arrays, a syntax error) or too many need
     the exact path: the caller then reads the array its usual way, and says what is wrong."""
-    if not jit.AVAILABLE:
+    if not _State.usable:
         return None
     buf = np.frombuffer(text, dtype=np.uint8)
     bounds = _cut(text, start, end, max(1, min(THREADS, (end - start) // PART_BYTES)))

@@ -175,3 +175,21 @@ def test_strings_and_booleans_in_a_cut_array_read_as_before():
         got = array_from_json(data, np.dtype(dtype), "input 'x'")
         want = array_from_json(json.loads(text), np.dtype(dtype), "input 'x'")
         assert got.dtype == want.dtype and got.tolist() == want.tolist()
+
+
+def test_a_scanner_that_fails_to_run_is_switched_off_and_json_reads_as_before(monkeypatch, caplog):
+    jn.warm_up()
+    assert jn.available()  # the working one stays on
+
+    def broken(*args):
+        raise RuntimeError("no compiler here")
+
+    monkeypatch.setattr(jn, "_scan", broken)
+    monkeypatch.setattr(jn._State, "usable", True)
+    with caplog.at_level("WARNING", logger="kubetrt.serving"):
+        jn.warm_up()
+    assert not jn.available() and "JSON number scanner off" in caplog.text
+    text = long_text(["0.25", "-1.5"])
+    data = data_of(body_of(text))
+    assert isinstance(data, ja.LazyArray)
+    assert same(array_from_json(data, np.dtype(np.float32), "input 'x'"), exact(text, "float32"))
