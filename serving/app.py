@@ -107,9 +107,9 @@ def create_app(
 
 async def _load_and_freeze(registry: ModelRegistry) -> None:
     """Compile the JSON number scanner and load the models, then move everything alive into the
-    collector's permanent generation: a
-    full collection walked every object of the loaded runtime (50-120 ms, each one a latency spike
-    for every request in flight); after the freeze it walks only what requests allocate."""
+    collector's permanent generation: a full collection walked every object of the loaded runtime
+    (50-120 ms, each one a latency spike for every request in flight); after the freeze it walks
+    only what requests allocate."""
     await asyncio.to_thread(json_numbers.warm_up)
     await registry.load_all()
     gc.collect()

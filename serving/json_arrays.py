@@ -159,13 +159,9 @@ def _loads_cut(body: bytes) -> Any | None:
     done = 0
     at = body.find(b'"data"')
     while at >= 0:
-        i = at + 6
-        while i < len(body) and body[i] in b" \t\r\n":
-            i += 1
+        i = _skip_space(body, at + 6)
         if body[i : i + 1] == b":":
-            i += 1
-            while i < len(body) and body[i] in b" \t\r\n":
-                i += 1
+            i = _skip_space(body, i + 1)
             close = body.find(b"]", i) if body[i : i + 1] == b"[" else -1
             if close - i >= TEXT_ARRAY_BYTES and body.find(b"[", i + 1, close) < 0:
                 marker = f"{_MARKER}{len(arrays)}"
@@ -189,6 +185,12 @@ def _loads_cut(body: bytes) -> Any | None:
             t["data"] = arrays[t["data"]]
             placed += 1
     return doc if placed == len(arrays) else None
+
+
+def _skip_space(body: bytes, i: int) -> int:
+    while i < len(body) and body[i] in b" \t\r\n":
+        i += 1
+    return i
 
 
 def _python(v: Any) -> Any:

@@ -82,12 +82,18 @@ if jit.AVAILABLE:
 
     _MORE, _DONE, _BAD = 0, 1, 2
 
+    @jit.njit(cache=True, nogil=True, boundscheck=False, inline="always")
+    def _skip_space(buf, i, end):  # pragma: no cover - compiled
+        """The offset of the first byte from i that is not JSON whitespace (or end)."""
+        while i < end and (_byte(buf, i) == 32 or _byte(buf, i) == 10 or _byte(buf, i) == 13 or _byte(buf, i) == 9):
+            i += 1
+        return i
+
     @jit.njit(cache=True, nogil=True, boundscheck=False, inline="always", _nrt=False)
     def _step(buf, i, end, out, n, fixes, nfix):  # pragma: no cover - compiled
         """Reads the number at i (whitespace around) into out[n] and the comma after it: (offset
         after, n + 1, fixes, _MORE, or _DONE at `end`), or (offset of the fault, n, nfix, _BAD)."""
-        while i < end and (_byte(buf, i) == 32 or _byte(buf, i) == 10 or _byte(buf, i) == 13 or _byte(buf, i) == 9):
-            i += 1
+        i = _skip_space(buf, i, end)
         if i >= end or n >= out.shape[0]:
             return i, n, nfix, _BAD
         first = i
@@ -137,14 +143,13 @@ if jit.AVAILABLE:
             exact = significant <= 19
         v = 0.0
         if exact and w != 0:
-            if w <= _np.uint64(9007199254740992) and -22 <= e <= 22:
+            if -300 <= e <= 300:
                 v = float(w) * _POW10[e] if e >= 0 else float(w) / _POW10[-e]
-            elif -300 <= e <= 300:
-                v = float(w) * _POW10[e] if e >= 0 else float(w) / _POW10[-e]
-                a = abs(v)
-                low = _np.int64(_np.float64(a).view(_np.uint64) & _np.uint64(0x1FFFFFFF)) - 0x10000000
-                near_a_tie = -4096 < low < 4096
-                exact = not (near_a_tie or a < 1.2e-38 or a > 3.4e38)
+                if w > _np.uint64(9007199254740992) or not -22 <= e <= 22:  # more than one rounding
+                    a = abs(v)
+                    low = _np.int64(_np.float64(a).view(_np.uint64) & _np.uint64(0x1FFFFFFF)) - 0x10000000
+                    near_a_tie = -4096 < low < 4096
+                    exact = not (near_a_tie or a < 1.2e-38 or a > 3.4e38)
             else:
                 exact = False
         if exact:
@@ -156,8 +161,7 @@ if jit.AVAILABLE:
                 fixes[nfix, 1] = first
                 fixes[nfix, 2] = i
             nfix += 1
-        while i < end and (_byte(buf, i) == 32 or _byte(buf, i) == 10 or _byte(buf, i) == 13 or _byte(buf, i) == 9):
-            i += 1
+        i = _skip_space(buf, i, end)
         if i >= end:
             return i, n + 1, nfix, _DONE
         if _byte(buf, i) != 44:
