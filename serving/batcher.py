@@ -48,6 +48,11 @@ Feeds = Mapping[str, np.ndarray]
 # A request alone in the server on a model whose one-request runs take at most this long runs on the
 # event loop's thread (the loop has nothing else to do): two hand-offs between threads cost more.
 INLINE_MAX_SECONDS = 0.001
+# A run's time counts toward that measure at most this many times INLINE_MAX_SECONDS: one stall (the
+# machine's host or a neighbour taking the core for milliseconds) must not move a fast model's lone
+# requests onto the run threads for the next several runs; a model whose runs all take longer than
+# INLINE_MAX_SECONDS still measures past it.
+SOLO_SAMPLE_CAP = 2.0
 # A batch is cut short only where the shorter run costs this much less per real row: timings move
 # by a few percent between runs, and a cut makes its rest wait for the next run.
 CUT_GAIN = 0.1
@@ -457,7 +462,8 @@ class Batcher:
             self.compute_calls += 1
             if error is None:
                 if rows == 1:
-                    self._solo_seconds = _moving_average(self._solo_seconds, seconds)
+                    self._solo_seconds = _moving_average(self._solo_seconds,
+                                                         min(seconds, SOLO_SAMPLE_CAP * INLINE_MAX_SECONDS))
                 self._seconds_per_row = _moving_average(self._seconds_per_row, seconds / max(rows, 1))
                 if size is not None and size in self.plan_sizes:
                     self._size_seconds[size] = _moving_average(self._size_seconds.get(size, math.nan), seconds)

@@ -469,6 +469,35 @@ async def test_a_lone_request_on_a_fast_model_runs_on_the_callers_thread_and_a_c
         b.close()
 
 
+async def test_one_stalled_run_keeps_a_fast_models_lone_requests_inline(monkeypatch):
+    """A run the machine stalled (here one inline run takes five times the inline bound) does not
+    send the next lone requests through the pool: the average it moves is of capped samples."""
+    b, threads = inline_batcher(monkeypatch, Recorder())
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_SECONDS", 0.1)
+    stall = threading.Event()
+    run_now = b._run_now
+
+    def stalled_once(f):
+        if stall.is_set():
+            stall.clear()
+            time.sleep(0.5)
+        return run_now(f)
+
+    b._run_now = stalled_once
+    try:
+        await b.submit(feeds(1, 1.0))  # on the pool: the first measure
+        await b.submit(feeds(1, 1.0))
+        assert len(threads) == 1, "alone and fast: run inline"
+        stall.set()
+        await b.submit(feeds(1, 1.0))
+        assert len(threads) == 2, "the stalled run was inline too"
+        out = await b.submit(feeds(1, 5.0))
+        np.testing.assert_array_equal(out["y"], np.full((1, 3), 10.0, np.float32))
+        assert threads == [threading.current_thread().name] * 3, "after one stall: still inline"
+    finally:
+        b.close()
+
+
 async def test_an_answer_leaves_after_its_run_has_freed_the_engine(monkeypatch):
     """A client that sends its next request on an answer finds the engine idle and the run measured:
     the run thread frees its slot before it hands the answer to the loop, however late it gets to
