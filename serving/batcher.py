@@ -44,6 +44,9 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
+from . import request_trace
+from .request_trace import COMPUTE_END, COMPUTE_START, QUEUE_START
+
 Feeds = Mapping[str, np.ndarray]
 # A request alone in the server on a model whose one-request runs take at most this long runs on the
 # event loop's thread (the loop has nothing else to do): two hand-offs between threads cost more.
@@ -162,6 +165,7 @@ class _Request:
     enqueued: float
     deadline: float | None  # time.monotonic() based
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
+    trace: request_trace.RequestTrace | None = field(default=None, repr=False)  # where the call is traced
 
 
 def batch_key(feeds: Feeds) -> tuple[int, Any] | None:
@@ -265,7 +269,9 @@ class Batcher:
     async def _submit(self, feeds: Feeds, rows: int, key: Any, deadline: float | None,
                       loop: asyncio.AbstractEventLoop) -> Outputs:
         now = time.monotonic()
-        req = _Request(feeds, rows, key, loop.create_future(), loop, now, deadline)
+        req = _Request(feeds, rows, key, loop.create_future(), loop, now, deadline, trace=request_trace.current())
+        if req.trace is not None:
+            req.trace.stamp(QUEUE_START)
         inline = False
         with self._cond:
             if self._closed:
@@ -300,6 +306,7 @@ class Batcher:
         threads take: run it on the caller's (the event loop's) thread."""
         assert self._run_now is not None
         start = time.monotonic()
+        _stamp([req], COMPUTE_START)
         try:
             out = self._run_now(req.feeds)
         except BaseException as e:  # noqa: BLE001 - fails this request only, as a batch's compute error would
@@ -425,6 +432,7 @@ class Batcher:
         """Start the batch's run, padded to a planned size; its completion callback resolves the
         requests."""
         start = time.monotonic()
+        _stamp(batch, COMPUTE_START)
         rows = sum(r.rows for r in batch)
         try:
             if len(batch) == 1:
@@ -457,6 +465,7 @@ class Batcher:
         client that sends its next request on this answer finds the engine idle and this run
         measured, as it would a moment later (so a fast model's lone request runs inline)."""
         seconds = time.monotonic() - start
+        _stamp(batch, COMPUTE_END)
         rows = sum(r.rows for r in batch)
         with self._cond:
             self.compute_calls += 1
@@ -493,6 +502,15 @@ class Batcher:
             self._observer.on_batch(rows, len(batch), [start - r.enqueued for r in batch], compute_seconds)
         except Exception:  # noqa: BLE001 - metrics must never fail a request
             pass
+
+
+def _stamp(batch: list[_Request], name: str) -> None:
+    """Stamp the traced requests of a batch with one time: its run's start and end are each of theirs."""
+    ns = None
+    for req in batch:
+        if req.trace is not None:
+            ns = time.monotonic_ns() if ns is None else ns
+            req.trace.stamp(name, ns)
 
 
 def _moving_average(average: float, sample: float) -> float:

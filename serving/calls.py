@@ -24,26 +24,30 @@ def lookup(registry: ModelRegistry, name: str, version: str | None) -> ServedMod
 
 
 async def tracked(served: ServedModel, handle: Callable[[], Awaitable[T]]) -> T:
-    """Run one inference call with in-flight, duration and outcome metrics for its model; the loop
-    polls for the next call a while after the last one in flight (idle_polling)."""
+    """Run one inference call with in-flight, duration and outcome metrics for its model, traced
+    where it is one the server traces (request_trace); the loop polls for the next call a while
+    after the last one in flight (idle_polling)."""
     m = served.metrics
     polling = idle_polling.of_running_loop()
     polling.enter()
     m.inflight.inc()
+    traces = served.traces
+    trace = traces.start(served.name, served.version) if traces is not None else None
+    outcome = "error"
     t0 = time.perf_counter()
     try:
         if FAULTS is not None:
             FAULTS.check()
         result = await handle()
+        outcome = "success"
     except ServingError as e:
-        m.outcome["overloaded" if isinstance(e, Overloaded) else OUTCOME_BY_STATUS.get(e.status, "error")].inc()
-        raise
-    except BaseException:
-        m.outcome["error"].inc()
+        outcome = "overloaded" if isinstance(e, Overloaded) else OUTCOME_BY_STATUS.get(e.status, "error")
         raise
     finally:
         m.inflight.dec()
         m.request_duration.observe(time.perf_counter() - t0)
+        m.outcome[outcome].inc()
+        if traces is not None and trace is not None:
+            traces.finish(trace, outcome)
         polling.leave(served.config.idle_poll_us / 1e6)
-    m.outcome["success"].inc()
     return result

@@ -28,6 +28,7 @@ from kubetrt.runtime.package import HeldOut, Manifest, TensorSpec, load_golden, 
 from .batcher import BatchComputeError, Batcher, BatcherClosed, BatcherConfig, DeadlineExceeded, QueueFull
 from .errors import BadRequest, ComputeFailed, NotFound, Overloaded, Timeout, Unavailable
 from .metrics import ModelMetrics, ServingMetrics
+from .request_trace import RequestTraces
 from .tensors import is_bytes_dtype
 
 logger = logging.getLogger("kubetrt.serving")
@@ -69,6 +70,8 @@ class ServingConfig:
     graceful_timeout_s: float = 30.0  # on shutdown, how long in-flight gRPC calls may take
     shared_memory: bool = False  # Triton's system shared memory extension (shared_memory.py)
     idle_poll_us: int = 500  # how long the loop polls for the next call after the last is answered (idle_polling.py)
+    trace_file: str | None = None  # where traced calls' timestamps go, a JSON line each (request_trace.py); None: none traced
+    trace_rate: int = 1000  # one call in this many is traced
 
 
 HELDOUT_CHECK_SAMPLES = 64  # enough to catch a broken engine at load, few enough to load fast
@@ -184,10 +187,12 @@ class ServedModel:
         metrics: ModelMetrics,
         source: ModelSource | None = None,
         model: ModelLike | None = None,
+        traces: RequestTraces | None = None,
     ) -> None:
         self.name, self.version = name, version
         self.config = config
         self.metrics = metrics
+        self.traces = traces
         self.source = source
         self.model = model
         self.state = State.LOADING
@@ -300,6 +305,7 @@ class ModelRegistry:
         self.config = config
         self.metrics = metrics
         self._models: dict[str, dict[str, ServedModel]] = {}
+        self.traces = RequestTraces(config.trace_file, config.trace_rate) if config.trace_file is not None else None
 
     def _add(self, served: ServedModel) -> ServedModel:
         versions = self._models.setdefault(served.name, {})
@@ -310,11 +316,11 @@ class ModelRegistry:
 
     def add_source(self, source: ModelSource) -> ServedModel:
         return self._add(ServedModel(source.name, source.version, self.config, self.metrics.for_model(source.name),
-                                     source=source))
+                                     source=source, traces=self.traces))
 
     def add_model(self, model: ModelLike) -> ServedModel:
         return self._add(ServedModel(model.name, str(model.version), self.config,
-                                     self.metrics.for_model(model.name), model=model))
+                                     self.metrics.for_model(model.name), model=model, traces=self.traces))
 
     def all(self) -> list[ServedModel]:
         return [s for versions in self._models.values() for s in versions.values()]
@@ -347,6 +353,8 @@ class ModelRegistry:
     def close(self) -> None:
         for served in self.all():
             served.close()
+        if self.traces is not None:
+            self.traces.close()
 
 
 def timeout_from_params(params: Mapping[str, Any]) -> float | None:

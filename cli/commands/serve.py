@@ -73,6 +73,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--idle-poll-us", type=_non_negative, default=500,
                    help="after answering the last call in flight, keep polling for the next one this long before "
                         "sleeping (a woken thread costs more than a small model's run); 0: sleep at once")
+    p.add_argument("--trace-file", default=None, metavar="PATH",
+                   help="append one JSON line per traced call: when it started, reached the batcher, its run "
+                        "started and ended, and it ended (default: no tracing)")
+    p.add_argument("--trace-rate", type=_positive, default=1000, metavar="N",
+                   help="with --trace-file, trace one call in N")
     p.add_argument("--graceful-timeout-s", type=float, default=30.0,
                    help="on SIGTERM, how long in-flight requests may take to finish")
     p.add_argument("--no-golden-check", action="store_true",
@@ -143,6 +148,8 @@ def run(args: argparse.Namespace) -> int:
         graceful_timeout_s=args.graceful_timeout_s,
         shared_memory=args.shared_memory,
         idle_poll_us=args.idle_poll_us,
+        trace_file=args.trace_file,
+        trace_rate=args.trace_rate,
     )
     app = create_app(model_sources(args), config)
     return serve(uvicorn_config(app, args.host, args.port, verbose=args.verbose,

@@ -40,7 +40,7 @@ def test_a_bad_rate_names_the_setting_and_what_is_expected(raw: str) -> None:
 
 def test_injected_faults_count_as_errors_in_the_metrics(monkeypatch: pytest.MonkeyPatch) -> None:
     metrics = ServingMetrics().for_model("m")
-    served = SimpleNamespace(metrics=metrics, config=ServingConfig())
+    served = SimpleNamespace(metrics=metrics, config=ServingConfig(), traces=None)
     monkeypatch.setattr(calls, "FAULTS", faults.FaultInjector(0.5))
 
     async def ok() -> str:
