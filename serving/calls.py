@@ -45,8 +45,7 @@ async def tracked(served: ServedModel, handle: Callable[[], Awaitable[T]]) -> T:
         raise
     finally:
         m.inflight.dec()
-        m.request_duration.observe(time.perf_counter() - t0)
-        m.outcome[outcome].inc()
+        m.on_request(outcome, time.perf_counter() - t0)
         if traces is not None and trace is not None:
             traces.finish(trace, outcome)
         polling.leave(served.config.idle_poll_us / 1e6)

@@ -56,4 +56,5 @@ def test_injected_faults_count_as_errors_in_the_metrics(monkeypatch: pytest.Monk
                 out.append("fault")
         return out
     assert asyncio.run(run()) == ["ok", "fault", "ok", "fault"]
+    metrics.fold()  # as a scrape does
     assert metrics.outcome["error"]._value.get() == 2 and metrics.outcome["success"]._value.get() == 2

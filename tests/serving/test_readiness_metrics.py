@@ -146,3 +146,23 @@ def test_metrics_count_outcomes_durations_and_batches(server, client):
 def test_two_apps_have_separate_registries(cnn_model):
     a, b = create_app(config=ServingConfig(), models=[cnn_model]), create_app(models=[cnn_model])
     assert a.state.metrics.registry is not b.state.metrics.registry
+
+
+def test_held_observations_count_at_the_next_scrape_and_never_pile_up():
+    """Calls and batches are observed in bulk: a scrape counts every one reported before it, and a
+    model that is never scraped folds them in as they reach the limit instead of holding them all."""
+    from kubetrt.serving.metrics import HOLD_LIMIT
+
+    metrics = ServingMetrics()
+    m = metrics.for_model("m")
+    m.on_request("success", 0.002)
+    m.on_batch(3, 2, [0.001, 0.0005], 0.004)
+    after = samples(metrics.render().decode())
+    assert after[("kubetrt_inference_requests_total", (("model", "m"), ("outcome", "success")))] == 1
+    assert after[("kubetrt_batch_size_sum", (("model", "m"),))] == 3
+    assert after[("kubetrt_queue_duration_seconds_count", (("model", "m"),))] == 2
+    for _ in range(3 * HOLD_LIMIT):
+        m.on_request("timeout", 0.03)
+    counted = metrics.registry.get_sample_value("kubetrt_inference_requests_total", {"model": "m", "outcome": "timeout"})
+    assert counted >= 2 * HOLD_LIMIT, "folded in as they reached the limit, before any scrape"
+    assert len(m._held) < HOLD_LIMIT
