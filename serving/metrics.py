@@ -6,12 +6,13 @@ comes through `ModelMetrics.on_request`.
 
 Those two are held, not observed, where they happen: a histogram's observation takes its locks and
 walks its buckets, and just after a run, with the run's data in the caches, that cost the answer's
-path tens of microseconds a call. The held ones are folded into the metrics every HOLD_LIMIT of a
-model's, and all of them before every scrape (`render`), so a scrape counts every call answered
-before it.
+path tens of microseconds a call. Once FOLD_AT are held, a call's end has them folded into the
+metrics after the event loop's current step, when that call's answer has been written; a scrape
+(`render`) folds all that is held first, so it counts every call answered before it.
 """
 from __future__ import annotations
 
+import asyncio
 import collections
 from typing import Any, Callable, Sequence
 
@@ -25,7 +26,8 @@ BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 OUTCOMES = ("success", "bad_request", "not_found", "too_large", "unavailable", "overloaded", "timeout", "error")
 UNKNOWN_MODEL = "_unknown"  # one label value for every unknown name: clients can't blow up cardinality
 CONTENT_TYPE = CONTENT_TYPE_LATEST
-HOLD_LIMIT = 256  # a model's held observations folded in at once by the call that reaches it
+FOLD_AT = 16  # held observations a call's end has folded in, after its answer (a few, so no fold holds the loop long)
+HOLD_LIMIT = 4096  # past this many held, the thread reporting folds them at once (no call's end came to)
 
 
 class ServingMetrics:
@@ -85,16 +87,26 @@ class ModelMetrics:
         self.ready = m.ready.labels(model)
         # (observe, its arguments) not yet folded in; appended and taken from any thread (deque's own atomicity)
         self._held: collections.deque[tuple[Callable[..., None], tuple[Any, ...]]] = collections.deque()
+        self._fold_due = False  # a fold is scheduled on the event loop
 
     def on_batch(self, rows: int, requests: int, queue_seconds: Sequence[float], compute_seconds: float) -> None:
         self._hold(self._observe_batch, (rows, requests, queue_seconds, compute_seconds))
 
     def on_request(self, outcome: str, seconds: float) -> None:
-        """An inference call's end: its outcome (one of OUTCOMES) and its time in the server."""
+        """An inference call's end (on the event loop that answers it): its outcome (one of OUTCOMES)
+        and its time in the server."""
         self._hold(self._observe_request, (outcome, seconds))
+        if len(self._held) >= FOLD_AT and not self._fold_due:
+            try:
+                asyncio.get_running_loop().call_soon(self.fold)
+            except RuntimeError:  # no event loop here: now, then
+                self.fold()
+                return
+            self._fold_due = True
 
     def fold(self) -> None:
         """Observe what is held."""
+        self._fold_due = False
         held = self._held
         while True:
             try:

@@ -1,6 +1,7 @@
 """Readiness gated on the golden check, and the Prometheus metrics it and inference produce."""
 from __future__ import annotations
 
+import asyncio
 import json
 import shutil
 import time
@@ -151,7 +152,7 @@ def test_two_apps_have_separate_registries(cnn_model):
 def test_held_observations_count_at_the_next_scrape_and_never_pile_up():
     """Calls and batches are observed in bulk: a scrape counts every one reported before it, and a
     model that is never scraped folds them in as they reach the limit instead of holding them all."""
-    from kubetrt.serving.metrics import HOLD_LIMIT
+    from kubetrt.serving.metrics import FOLD_AT, HOLD_LIMIT
 
     metrics = ServingMetrics()
     m = metrics.for_model("m")
@@ -162,7 +163,22 @@ def test_held_observations_count_at_the_next_scrape_and_never_pile_up():
     assert after[("kubetrt_batch_size_sum", (("model", "m"),))] == 3
     assert after[("kubetrt_queue_duration_seconds_count", (("model", "m"),))] == 2
     for _ in range(3 * HOLD_LIMIT):
-        m.on_request("timeout", 0.03)
-    counted = metrics.registry.get_sample_value("kubetrt_inference_requests_total", {"model": "m", "outcome": "timeout"})
-    assert counted >= 2 * HOLD_LIMIT, "folded in as they reached the limit, before any scrape"
+        m.on_batch(1, 1, [0.0], 0.001)
+    counted = metrics.registry.get_sample_value("kubetrt_batch_size_count", {"model": "m"})
+    assert counted >= 2 * HOLD_LIMIT, "batches with no call's end after them folded at the limit"
     assert len(m._held) < HOLD_LIMIT
+
+    async def calls() -> list[int]:
+        """Calls' ends on an event loop: folded a few at a time, after the step that ended them."""
+        held = []
+        for _ in range(3 * FOLD_AT):
+            m.on_request("success", 0.001)
+            await asyncio.sleep(0)  # the rest of the loop's step
+            held.append(len(m._held))
+        return held
+
+    metrics.render()
+    held = asyncio.run(calls())
+    assert max(held) < FOLD_AT and held.count(0) >= 2, held
+    assert metrics.registry.get_sample_value(
+        "kubetrt_inference_requests_total", {"model": "m", "outcome": "success"}) >= 1 + 2 * FOLD_AT
