@@ -37,25 +37,26 @@ HERE = Path(__file__).resolve().parent
 CHECKOUT = "kubetrt"
 BASELINE = "baseline"
 WARMUP_CALLS = 300
-DATA, HEADERS, SETTINGS, PING, WINDOW_UPDATE = 0, 1, 4, 6, 8  # HTTP/2 frame types
-END_STREAM, ACK, END_HEADERS = 0x1, 0x1, 0x4
-FRAME_BYTES = 16_384  # HTTP/2's default largest frame, which grpc-go's DATA frames keep to
 
 
 class KeptWrites:
     """A transport that keeps the server's writes and says when a stream's answer has ended."""
 
     def __init__(self) -> None:
+        from kubetrt.serving.oip_grpc.http2 import END_STREAM, HEADERS
+
+        self._trailers = (HEADERS, END_STREAM)  # an answer's last frame: HEADERS that end the stream
         self.frames: list[tuple[int, int, int, bytes]] = []
         self.ended: Any = None  # the future the next END_STREAM resolves
 
     def write(self, data: bytes | memoryview) -> None:
+        headers, end_stream = self._trailers
         data, at = bytes(data), 0
         while at + 9 <= len(data):
             word, flags, stream = struct.unpack_from(">IBI", data, at)
             kind, length = word & 0xFF, word >> 8
             self.frames.append((kind, flags, stream & 0x7FFFFFFF, data[at + 9:at + 9 + length]))
-            if kind == HEADERS and flags & END_STREAM and self.ended is not None and not self.ended.done():
+            if kind == headers and flags & end_stream and self.ended is not None and not self.ended.done():
                 self.ended.set_result(None)
             at += 9 + length
         del self.frames[:-8]  # the last answer is all a check needs
@@ -76,6 +77,7 @@ class KeptWrites:
 def request_body(name: str, inputs: list[Any]) -> tuple[bytes, dict[str, np.ndarray]]:
     """A framed ModelInferRequest of one row per input (random values, raw contents) and its feeds."""
     from kubetrt.serving.oip_grpc import ModelInferRequest
+    from kubetrt.serving.oip_grpc.grpc_wire import MESSAGE_PREFIX
     from kubetrt.serving.tensors import oip_datatype
 
     rng = np.random.default_rng(0)
@@ -87,21 +89,22 @@ def request_body(name: str, inputs: list[Any]) -> tuple[bytes, dict[str, np.ndar
         request.inputs.add(name=t.name, datatype=oip_datatype(x.dtype), shape=list(x.shape))
         request.raw_input_contents.append(x.tobytes())
     message = request.SerializeToString()
-    return struct.pack(">BI", 0, len(message)) + message, feeds
+    return MESSAGE_PREFIX.pack(0, len(message)) + message, feeds
 
 
 def call_frames(body: bytes, count: int) -> list[bytes]:
     """Each call's HEADERS and DATA frames, on streams 1, 3, 5...: headers from one encoder, in order
-    (its table is the connection's, as a client's is), DATA in frames of FRAME_BYTES."""
+    (its table is the connection's, as a client's is), DATA in frames of HTTP/2's default largest
+    size, which grpc-go's keep to."""
     import hpack
 
-    from kubetrt.serving.oip_grpc.http2 import frame
+    from kubetrt.serving.oip_grpc.http2 import DATA, DEFAULT_FRAME, END_HEADERS, END_STREAM, HEADERS, frame
 
     encoder = hpack.Encoder()
     fixed = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", b"/inference.GRPCInferenceService/ModelInfer"),
              (b":authority", b"127.0.0.1:8081"), (b"content-type", b"application/grpc"),
              (b"user-agent", b"grpc-go/1.60.1"), (b"te", b"trailers")]
-    pieces = [body[at:at + FRAME_BYTES] for at in range(0, len(body), FRAME_BYTES)]
+    pieces = [body[at:at + DEFAULT_FRAME] for at in range(0, len(body), DEFAULT_FRAME)]
     out = []
     for i in range(count):
         sid = 2 * i + 1
@@ -115,7 +118,8 @@ async def measure(package: Path, calls: int, warmup: int = WARMUP_CALLS) -> dict
     """Serve the package as `kubetrt serve` does and time `calls` ModelInfer calls after `warmup`."""
     from kubetrt.serving.metrics import ServingMetrics
     from kubetrt.serving.oip_grpc import ModelInferResponse
-    from kubetrt.serving.oip_grpc.http2 import PREFACE, GrpcConnection, frame
+    from kubetrt.serving.oip_grpc.grpc_wire import MESSAGE_PREFIX
+    from kubetrt.serving.oip_grpc.http2 import ACK, DATA, PING, PREFACE, SETTINGS, WINDOW_UPDATE, GrpcConnection, frame
     from kubetrt.serving.oip_grpc.server import create_grpc_server
     from kubetrt.serving.registry import ModelRegistry, ModelSource, ServingConfig
 
@@ -155,7 +159,7 @@ async def measure(package: Path, calls: int, warmup: int = WARMUP_CALLS) -> dict
     if after[1] - before[1] != calls:
         raise RuntimeError(f"{calls} calls ran the model {after[1] - before[1]:g} times, expected once each")
     answer = b"".join(p for kind, _, sid, p in transport.frames if kind == DATA and sid == 2 * len(incoming) - 1)
-    got = ModelInferResponse.FromString(answer[5:])
+    got = ModelInferResponse.FromString(answer[MESSAGE_PREFIX.size:])
     want = served.model.predict(feeds)
     for k, out in enumerate(got.outputs):
         dtype = want[out.name].dtype.newbyteorder("<")
