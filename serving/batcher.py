@@ -44,8 +44,7 @@ from typing import Any, Callable, Mapping, Protocol, Sequence
 
 import numpy as np
 
-from . import request_trace
-from .request_trace import COMPUTE_END, COMPUTE_START, QUEUE_START
+from .request_trace import COMPUTE_END, COMPUTE_START, QUEUE_START, RequestTrace, current
 
 Feeds = Mapping[str, np.ndarray]
 # A request alone in the server on a model whose one-request runs take at most this long runs on the
@@ -165,7 +164,7 @@ class _Request:
     enqueued: float
     deadline: float | None  # time.monotonic() based
     timer: asyncio.TimerHandle | None = field(default=None, repr=False)
-    trace: request_trace.RequestTrace | None = field(default=None, repr=False)  # where the call is traced
+    trace: RequestTrace | None = field(default=None, repr=False)  # where the call is traced
 
 
 def batch_key(feeds: Feeds) -> tuple[int, Any] | None:
@@ -269,9 +268,8 @@ class Batcher:
     async def _submit(self, feeds: Feeds, rows: int, key: Any, deadline: float | None,
                       loop: asyncio.AbstractEventLoop) -> Outputs:
         now = time.monotonic()
-        req = _Request(feeds, rows, key, loop.create_future(), loop, now, deadline, trace=request_trace.current())
-        if req.trace is not None:
-            req.trace.stamp(QUEUE_START)
+        req = _Request(feeds, rows, key, loop.create_future(), loop, now, deadline, trace=current())
+        _stamp([req], QUEUE_START)
         inline = False
         with self._cond:
             if self._closed:
