@@ -4,8 +4,9 @@
 
 All three run the package's model.onnx on the same feeds (bench/runtime.py's, OpenVINO compiled
 the same way), each in its own subprocess so one runtime's thread pools never slow another's.
-kubetrt: every step of the host plan is wrapped in a timer, by the kernel's op (fused kernels
-keep their fused names); onnxruntime: `enable_profiling`, node events summed per op type;
+kubetrt: every step of the host plan that serves the batch (the whole batch's, or a stream's piece's
+where the batch runs as streams, one per core) is wrapped in a timer, by the kernel's op (fused
+kernels keep their fused names); onnxruntime: `enable_profiling`, node events summed per op type;
 OpenVINO: `PERF_COUNT`, per-layer real time by node type, with the implementation it chose
 (exec_type) for its top layers, and kubetrt's top kernels beside them.
 
@@ -72,6 +73,12 @@ def per_op(events: list[tuple[str, float, int]], runs: int) -> dict[str, dict[st
 
 
 def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int, top: int) -> dict[str, Any]:
+    """Steps timed in the plan that serves `feeds`: the whole batch's on the team, or, where the
+    runtime runs this batch as streams (runtime/batch_streams.py), each stream's piece plan, its
+    step times summed over the streams and divided by their number (each core's share of a run)."""
+    import threading
+
+    from kubetrt.runtime.batch_streams import BatchStreams, StreamChoice
     from kubetrt.runtime.devices.host import RUNTIME
     from kubetrt.runtime.executor import SequentialPlan
     from kubetrt.runtime.onnx_import import load_onnx
@@ -79,14 +86,20 @@ def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int, top: i
 
     graph = load_onnx(model)
     args = [feeds[v.name] for v in graph.inputs]
-    plan = RUNTIME.prepare(graph, {})
-    if isinstance(plan, ShapeSpecializedPlan):  # what serves these feeds once their shapes are compiled in
-        plan = plan.specialized(args)
+    prepared = RUNTIME.prepare(graph, {})
+    streams = BatchStreams(prepared)
+    for _ in range(StreamChoice.WARM + 2 * StreamChoice.TRIALS + WARMUP):  # the choice of streams settles
+        streams.run(args)
+    plain = wall_ms(lambda: streams.run(args), runs)
+    split = streams.streaming(args)
+    shares = 1 if split is None else split.streams
+    step_feeds = args if split is None else [x[:split.piece] for x in args]
+    plan = prepared.specialized(step_feeds) if isinstance(prepared, ShapeSpecializedPlan) else prepared
     if not isinstance(plan, SequentialPlan):
         raise TypeError(f"{model}: the host runtime planned a {type(plan).__name__}, not a SequentialPlan; "
                         "only a plan of host kernels has steps to time")
-    plain = wall_ms(lambda: plan.run(args), runs)
     spent = [0.0] * len(plan.prog.kernels)
+    lock = threading.Lock()  # streams time their steps from two threads
 
     def timed(run: Callable[..., Any], kid: int) -> Callable[..., Any]:
         def step(*operands: Any) -> Any:
@@ -94,14 +107,17 @@ def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int, top: i
             try:
                 return run(*operands)
             finally:
-                spent[kid] += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                with lock:
+                    spent[kid] += took / shares
         return step
 
     plan.steps = [(timed(run, kid), ins, outs, frees, kid) for run, ins, outs, frees, kid in plan.steps]
+    run_once: Callable[[], Any] = (lambda: plan.run(args)) if split is None else (lambda: streams.streamed(split, args))
     for _ in range(WARMUP):
-        plan.run(args)
+        run_once()
     spent[:] = [0.0] * len(spent)  # step times and run times from the same `runs` runs
-    profiled = wall_ms(lambda: plan.run(args), runs, warmup=0)
+    profiled = wall_ms(run_once, runs, warmup=0)
     kernels = plan.prog.kernels
     events = [(k.op, spent[k.id] * 1e3, runs) for k in kernels]
     values = plan.prog.values
@@ -109,10 +125,12 @@ def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int, top: i
     layers = [{"name": k.name, "type": k.op, "ms": spent[k.id] * 1e3 / runs,
                "exec": "x".join(str(d) for d in values[k.outputs[0]].shape or ()) if k.outputs else ""} for k in ranked]
     return {"plain_ms": statistics.median(plain), "profiled_ms": statistics.fmean(profiled),
-            "ops": per_op(events, runs), "steps": len(kernels), "layers": layers}
+            "ops": per_op(events, runs), "steps": len(kernels), "layers": layers,
+            "streams": None if split is None else {"streams": split.streams, "piece": split.piece,
+                                                   "pieces": split.batch // split.piece // split.streams}}
 
 
-def profile_onnxruntime(model: Path, feeds: dict[str, np.ndarray], runs: int) -> dict[str, Any]:
+def profile_onnxruntime(model: Path, feeds: dict[str, np.ndarray], runs: int, top: int) -> dict[str, Any]:
     import onnxruntime as ort
 
     plain = ort.InferenceSession(str(model), providers=["CPUExecutionProvider"])
@@ -129,9 +147,16 @@ def profile_onnxruntime(model: Path, feeds: dict[str, np.ndarray], runs: int) ->
     if len(model_runs) != WARMUP + runs:
         raise RuntimeError(f"onnxruntime's profile has {len(model_runs)} model_run events, expected {WARMUP + runs}")
     first = model_runs[WARMUP]  # warm-up runs are profiled too: counted from the first timed run
-    events = [(e["args"]["op_name"], e["dur"] / 1e3, 1) for e in trace
-              if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first]
-    return {"plain_ms": statistics.median(plain_times), "profiled_ms": statistics.fmean(profiled), "ops": per_op(events, runs)}
+    nodes = [e for e in trace if e.get("cat") == "Node" and e["name"].endswith("_kernel_time") and e["ts"] >= first]
+    events = [(e["args"]["op_name"], e["dur"] / 1e3, 1) for e in nodes]
+    layers: dict[str, dict[str, Any]] = {}  # by the ONNX node's name, as kubetrt's kernels are named
+    for e in nodes:
+        layer = layers.setdefault(e["name"].removesuffix("_kernel_time"), {"type": e["args"]["op_name"], "ms": 0.0, "exec": ""})
+        layer["ms"] += e["dur"] / 1e3 / runs
+        layer["exec"] = "x".join(str(d) for d in (e["args"].get("output_type_shape") or [{}])[0].get("float", []))
+    ranked = sorted(layers.items(), key=lambda kv: -kv[1]["ms"])[:top]
+    return {"plain_ms": statistics.median(plain_times), "profiled_ms": statistics.fmean(profiled), "ops": per_op(events, runs),
+            "layers": [{"name": name, **layer} for name, layer in ranked]}
 
 
 def profile_openvino(model: Path, feeds: dict[str, np.ndarray], runs: int, top: int) -> dict[str, Any]:
@@ -172,7 +197,7 @@ def worker(runtime: str, package: Path, batch: int, runs: int, top: int) -> dict
     if runtime == "kubetrt":
         return profile_kubetrt(model, feeds, runs, top)
     if runtime == "onnxruntime":
-        return profile_onnxruntime(model, feeds, runs)
+        return profile_onnxruntime(model, feeds, runs, top)
     if runtime == "openvino":
         return profile_openvino(model, feeds, runs, top)
     raise ValueError(f"unknown runtime {runtime!r}; expected one of {', '.join(RUNTIMES)}")
@@ -204,7 +229,12 @@ def report(runtime: str, p: dict[str, Any], top: int) -> list[str]:
              + (f" + {what} overhead {overhead:.3f} ms" if overhead >= 0 else
                 f", {-overhead:.3f} ms over the run: its counters overlap, no {what} overhead to see")]
     if runtime == "kubetrt":
-        lines[0] += f" ({p['steps']} steps, {1e3 * overhead / max(p['steps'], 1):.1f} us per step)"
+        streams = p.get("streams")
+        steps = p["steps"] * (streams["pieces"] if streams else 1)  # steps each core runs per run
+        lines[0] += f" ({steps} steps, {1e3 * overhead / max(steps, 1):.1f} us per step)"
+        if streams:
+            lines.append(f"  the batch runs as {streams['streams']} streams, one per core, each {streams['pieces']} pieces of "
+                         f"{streams['piece']} samples: the steps are a piece's, their times each core's share of a run")
     impl = runtime == "openvino"
     lines.append(f"  {'op type':<28}{'ms/run':>9}{'share':>7}{'count':>7}" + ("  implementations" if impl else ""))
     for op, v in ops[:top]:
@@ -214,7 +244,8 @@ def report(runtime: str, p: dict[str, Any], top: int) -> list[str]:
         rest = sum(v["ms"] for _, v in ops[top:])
         lines.append(f"  {f'({len(ops) - top} more op types)':<28}{rest:>9.3f}")
     if p.get("layers"):
-        lines.append("  top layers (exec_type = the kernel OpenVINO chose):" if impl else "  top kernels (with the shape they write, as planned):")
+        lines.append({"openvino": "  top layers (exec_type = the kernel OpenVINO chose):",
+                      "onnxruntime": "  top nodes (with the shape they write):"}.get(runtime, "  top kernels (with the shape they write, as planned):"))
         for layer in p["layers"]:
             name = layer["name"].replace("StatefulPartitionedCall/", "")  # tf2onnx's scope on every node
             name = name if len(name) <= 60 else "..." + name[-57:]

@@ -243,6 +243,16 @@ class BatchStreams:
             self._splits[key] = None
         return results
 
+    def streaming(self, feeds: list[np.ndarray]) -> Split | None:
+        """How batches like `feeds` run now: their Split where they run as streams (the choice
+        timed so far prefers them, or the mode says always), None where they run whole."""
+        split = self._splits.get(tuple(np.shape(x) for x in feeds))
+        if split is None or split is UNSEEN:
+            return None
+        whole, streams = split.choice.mean
+        prefers = whole is not None and streams is not None and streams < split.choice.MARGIN * whole
+        return split if self.mode == "always" or prefers else None
+
     def streamed(self, split: Split, feeds: list[np.ndarray]) -> list[np.ndarray]:
         """The plan's results for `feeds`, computed by `split.streams` streams of pieces."""
         pieces = split.batch // split.piece

@@ -183,3 +183,23 @@ def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None
     plan.calls.clear()
     streams.run([x])
     assert [batch for _, batch, _ in plan.calls] == [8]
+
+
+def test_streaming_says_how_a_signature_runs_now() -> None:
+    x = np.zeros((8, 3, 12, 12), np.float32)
+    always = BatchStreams(watched(conv_model()), streams=2, mode="always", budget=1 << 40)
+    assert always.streaming([x]) is None  # not called with yet
+    always.run([x])
+    split = always.streaming([x])
+    assert split is not None and (split.batch, split.piece, split.streams) == (8, 4, 2)
+    assert always.streaming([np.zeros((4, 3, 12, 12), np.float32)]) is None
+
+    timed = BatchStreams(watched(conv_model()), streams=2, mode="auto", budget=1 << 40)
+    timed.run([x])
+    choice = timed._splits[(x.shape,)].choice  # type: ignore[union-attr]
+    choice.mean = [1.0, 0.5]  # streams timed faster than the whole batch
+    assert timed.streaming([x]) is not None
+    choice.mean = [1.0, 0.99]  # within the margin: the batch runs whole
+    assert timed.streaming([x]) is None
+    choice.mean = [1.0, None]  # streams not timed yet
+    assert timed.streaming([x]) is None
