@@ -21,7 +21,7 @@ from kubetrt.operators.names import (API_VERSION, APP_NAME, DNS_LABEL_MAX, DNS_L
                                      LABEL_APP_COMPONENT, LABEL_APP_NAME, LABEL_APP_PART_OF, LABEL_REVISION, LABEL_VALUE_MAX,
                                      LABEL_VALUE_PATTERN, OPERATOR_NAME, OPERATOR_NAMESPACE, PLURAL_ENGINE_BUILDS,
                                      PLURAL_MODEL_DEPLOYMENTS, SERVING_CONTAINER, SERVING_GRPC_PORT, SERVING_PORT,
-                                     SHARED_MEMORY_PATH, TARGET_NAME_MAX, VERSION)
+                                     SHARED_MEMORY_PATH, TARGET_NAME_MAX, TRACE_PATH, VERSION)
 from kubetrt.runtime.target import BACKENDS, PRECISIONS, BatchProfile
 
 GPU_BACKENDS = [b for b in BACKENDS if b != "host"]
@@ -36,6 +36,7 @@ DEFAULT_BATCHING_MAX_BATCH_SIZE = BatchProfile().max
 # What a serving pod queues and how long a request may take: `kubetrt serve`'s own defaults.
 DEFAULT_MAX_QUEUE_SIZE = 1024
 DEFAULT_REQUEST_TIMEOUT_S = 30.0
+DEFAULT_TRACE_RATE = 1000  # one traced call in this many: `kubetrt serve --trace-rate`'s default
 DEFAULT_HOLDOUT_FRACTION = 0.2
 # One wording for the API server's CEL rule and the operator's own check (objects.validate_spec).
 INT8_NEEDS_CALIBRATION = ("int8 targets need spec.optimization.calibration.uri: the calibration data the model "
@@ -347,6 +348,16 @@ def model_deployment_spec_schema() -> dict[str, Any]:
                 "sizeLimit": {"anyOf": [{"type": "integer"}, {"type": "string"}], "pattern": QUANTITY_PATTERN,
                               "x-kubernetes-int-or-string": True, "default": DEFAULT_SHARED_MEMORY_SIZE,
                               "description": f"Size of the pods' {SHARED_MEMORY_PATH} (a quantity, e.g. 1Gi)."},
+            }),
+        "tracing": _obj(
+            "Per-request traces on the serving pods, as Triton's trace at level TIMESTAMPS (`kubetrt serve "
+            "--trace-file --trace-rate`): one inference call in rate is traced, and written when it ends as a "
+            f"JSON line on the serving container's standard output ({TRACE_PATH}; its logs go to standard "
+            "error), with the model, version, outcome and the REQUEST_START, QUEUE_START, COMPUTE_START, "
+            "COMPUTE_END and REQUEST_END stamps, in nanoseconds on one monotonic clock per pod. `kubectl logs` "
+            "shows them. Unset, no call is traced.", {
+                "rate": _int("Trace one inference call in this many (1: every call).", minimum=1,
+                             maximum=1_000_000_000, default=DEFAULT_TRACE_RATE),
             }),
         "sidecars": {
             "type": "array", "maxItems": 8,

@@ -105,6 +105,10 @@ SERVING_CONTAINER = "serving"
 # serving container and its sidecars mount one in-memory emptyDir there.
 SHARED_MEMORY_VOLUME = "shm"
 SHARED_MEMORY_PATH = "/dev/shm"
+# Where a serving pod writes its traced calls (spec.tracing): the serving container's standard output,
+# a JSON line each, beside its logs on standard error; `kubectl logs` and a cluster's log collector
+# read them with no volume to mount on a read-only root filesystem.
+TRACE_PATH = "/dev/stdout"
 
 # ----------------------------------------------------------------------------- label values, DNS labels
 # Label values: a GPU product as GPU Feature Discovery labels it, a ModelDeployment's name in a label.

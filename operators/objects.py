@@ -60,6 +60,7 @@ from kubetrt.operators.names import (
     SHARED_MEMORY_PATH,
     SHARED_MEMORY_VOLUME,
     TERMINATION_LOG,
+    TRACE_PATH,
     dns_label,
     label_value,
     prometheus_label,
@@ -527,6 +528,8 @@ def serve_command(package: str, store: str, engine_key: str, backend: str, model
         cmd += ["--preferred-batch-sizes", ",".join(str(b) for b in batching["preferredBatchSizes"])]
     if spec.get("sharedMemory") is not None:
         cmd.append("--shared-memory")
+    if spec.get("tracing") is not None:
+        cmd += ["--trace-file", TRACE_PATH, "--trace-rate", str(spec["tracing"]["rate"])]
     return cmd
 
 

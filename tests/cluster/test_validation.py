@@ -69,6 +69,7 @@ CASES: list[tuple[str, Callable[[dict[str, Any]], None], str]] = [
     ("unknown-precision", _set("spec.targets.0.precision", "int4"), 'Unsupported value: "int4"'),
     ("uri-without-scheme", _set("spec.model.source.uri", "/models/resnet"), "spec.model.source.uri in body should match"),
     ("no-targets", _set("spec.targets", []), "spec.targets in body should have at least 1 items"),
+    ("trace-rate-zero", _set("spec.tracing", {"rate": 0}), "spec.tracing.rate in body should be greater than or equal to 1"),
     ("percentile-without-method",
      _both(_set("spec.targets.0.precision", "int8"),
            _set("spec.optimization", {"calibration": {"uri": "s3://cal/data", "method": "minmax", "percentile": 99.9}})),

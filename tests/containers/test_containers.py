@@ -76,7 +76,7 @@ def operator(model: PipelineModel) -> Operator:
     md["metadata"]["uid"] = "00000000-0000-0000-0000-00000000e2e0"
     assert len(md["spec"]["targets"]) == 1 and md["spec"]["targets"][0].get("cpu"), md["spec"]["targets"]
     md["spec"]["targets"][0]["resources"] = {"limits": dict(LIMITS)}
-    md["spec"].update(sharedMemory={"sizeLimit": "64Mi"}, sidecars=[SHM_SIDECAR])
+    md["spec"].update(sharedMemory={"sizeLimit": "64Mi"}, sidecars=[SHM_SIDECAR], tracing={"rate": 1})
     spec = objects.normalized_spec(md)
     assert objects.validate_spec(spec) == []
     target = objects.resolve_target(spec, spec["targets"][0])
@@ -271,6 +271,30 @@ def test_a_sidecar_infers_through_the_pods_shared_memory(model: PipelineModel, s
     assert_sidecar_infers_through_shared_memory(serving.played.containers[SHM_SIDECAR["name"]], serving.url,
                                                 serving.model_name, serving.model_version, model.inputs,
                                                 model.tensorflow, HOST_FP32, names.SHARED_MEMORY_PATH)
+
+
+def test_serving_pod_traces_calls_into_its_log(model: PipelineModel, serving: Serving) -> None:
+    """spec.tracing as the operator generates it: each call (rate 1) is a JSON line of its five
+    stamps on the serving container's standard output, which the container's log shows."""
+    def traces() -> list[dict[str, Any]]:
+        return [json.loads(line) for line in logs(serving.container).splitlines() if line.startswith('{"id"')]
+
+    before = len(traces())
+    (name, x), = model.inputs.items()
+    body = json.dumps({"inputs": [{"name": name, "datatype": "FP32", "shape": list(x.shape), "data": x.ravel().tolist()}]})
+    req = urllib.request.Request(f"{serving.url}/v2/models/{serving.model_name}/infer", data=body.encode(),
+                                 headers={"Content-Type": "application/json"}, method="POST")
+    with urllib.request.urlopen(req, timeout=60) as resp:
+        assert resp.status == 200
+    deadline = time.monotonic() + 30
+    while len(seen := traces()) == before and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert len(seen) == before + 1, logs(serving.container)[-2000:]
+    trace = seen[-1]
+    print(f"trace line from the pod's log: {json.dumps(trace)}", flush=True)
+    assert (trace["model"], trace["version"], trace["outcome"]) == (serving.model_name, serving.model_version, "success")
+    assert [t["name"] for t in trace["timestamps"]] == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END",
+                                                        "REQUEST_END"]
 
 
 def test_serving_pod_runs_as_generated(serving: Serving) -> None:

@@ -29,6 +29,7 @@ SETTINGS = [
     Setting("batching.maxQueueDelayMicroseconds", ("serve",), "--max-queue-delay-us"),
     Setting("batching.maxQueueSize", ("serve",), "--max-queue-size"),
     Setting("batching.requestTimeoutSeconds", ("serve",), "--request-timeout-s"),
+    Setting("tracing.rate", ("serve",), "--trace-rate"),
     Setting("optimization.calibration.method", ("lower",), "--calibration-method"),
     Setting("optimization.calibration.method", ("pipeline", "run"), "--calibration-method"),
     Setting("optimization.calibration.holdoutFraction", ("lower",), "--holdout"),

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from kubetrt.cli import build_parser
-from kubetrt.operators import objects, reconcile
+from kubetrt.operators import crds, names, objects, reconcile
 from kubetrt.operators.reconcile import Observed
 from kubetrt.runtime.target import BatchProfile, Target, parse_target
 from operator_testlib import CONFIG, md_body
@@ -24,7 +24,7 @@ POD_CODE = [REPO / d for d in ("kubetrt", "runtime", "serving", "pipeline")]
 
 def generated_containers() -> list[dict[str, Any]]:
     md = md_body(batching={"maxBatchSize": 16, "maxQueueDelayMicroseconds": 900, "preferredBatchSizes": [4, 8],
-                           "maxQueueSize": 40, "requestTimeoutSeconds": 2.5})
+                           "maxQueueSize": 40, "requestTimeoutSeconds": 2.5}, tracing={"rate": 50})
     spec = objects.normalized_spec(md)
     eb = reconcile.plan_model_deployment(md, Observed(), CONFIG, "2026-01-01T00:00:00Z").create[1]
     eb["status"] = {"engineKey": "some-key", "phase": "Succeeded", "verified": True}
@@ -48,6 +48,22 @@ def test_every_generated_flag_is_accepted_by_the_pods_command(index: int, comman
             ("some-key", "resnet50", 16, (4, 8))
         assert args.max_queue_delay_us == 900 and args.cache_dir == objects.CACHE_DIR
         assert (args.max_queue_size, args.request_timeout_s) == (40, 2.5)
+        assert (args.trace_file, args.trace_rate) == (names.TRACE_PATH, 50)
+
+
+def test_serving_traces_only_where_the_spec_asks() -> None:
+    """spec.tracing unset: no call traced; set empty: the CRD's default rate, written to the pod's stdout."""
+    def serve_args(**spec: Any) -> Any:
+        md = md_body(**spec)
+        norm = objects.normalized_spec(md)
+        eb = reconcile.plan_model_deployment(md, Observed(), CONFIG, "2026-01-01T00:00:00Z").create[1]
+        eb["status"] = {"engineKey": "some-key", "phase": "Succeeded", "verified": True}
+        dep = objects.serving_deployment(md, norm, objects.resolve_target(norm, norm["targets"][1]), eb, CONFIG)
+        return build_parser().parse_args(dep["spec"]["template"]["spec"]["containers"][0]["command"][1:])
+
+    assert serve_args().trace_file is None
+    traced = serve_args(tracing={})
+    assert (traced.trace_file, traced.trace_rate) == (names.TRACE_PATH, crds.DEFAULT_TRACE_RATE)
 
 
 def test_every_kubetrt_variable_the_operator_sets_is_read_by_pod_code() -> None:

@@ -5,6 +5,7 @@ protocol routes and /metrics, never from the flags themselves.
 """
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
@@ -16,6 +17,7 @@ from typing import Callable, Iterator
 import httpx
 import pytest
 
+from kubetrt.operators.names import TRACE_PATH
 from kubetrt.pipeline.demo import free_port
 from batching_probe import batch_sizes, burst
 from serving_support import cnn_input
@@ -113,6 +115,30 @@ def test_batching_flags_shape_the_batches_the_runtime_sees(serve, store_with_eng
     assert rows - before[1] == 8 + 512 and count - before[0] - 1 == small[256]
     assert small[bound] == small[256], f"every one-row batch holds at most {bound} rows: {small}"
     assert small[bound // 2] < small[256], f"the queued requests batched up to {bound} rows: {small}"
+
+
+def test_traces_written_to_stdout_as_a_pod_is_told_to(serve, store_with_engine, tmp_path: Path) -> None:
+    """spec.tracing's flags (operators/objects.serve_command): one call in `rate` is a whole JSON line
+    on the process's standard output, which a pod's log shows beside its log lines."""
+    package, store, key = store_with_engine
+    s = serve(package, "--store", store, "--engine-key", key, "--cache-dir", str(tmp_path / "cache"),
+              "--model-name", "cnn", "--model-version", "1", "--trace-file", TRACE_PATH, "--trace-rate", "2")
+    s.wait()
+    for seed in range(4):
+        assert infer(s.url, "cnn", seed=seed).status_code == 200
+    deadline = time.monotonic() + 10
+    while True:
+        lines = [json.loads(line) for line in s.log.read_text().splitlines() if line.startswith("{")]
+        if len(lines) >= 2 or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    assert len(lines) == 2, s.log.read_text()
+    for trace in lines:
+        assert (trace["model"], trace["version"], trace["outcome"]) == ("cnn", "1", "success"), trace
+        stamps = [t["name"] for t in trace["timestamps"]]
+        assert stamps == ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_END", "REQUEST_END"], stamps
+        times = [t["ns"] for t in trace["timestamps"]]
+        assert times == sorted(times), trace
 
 
 def test_a_missing_engine_is_an_unready_model_with_the_reason_not_a_crash(serve, store_with_engine, tmp_path: Path) -> None:
