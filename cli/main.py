@@ -12,7 +12,7 @@ import importlib
 import logging
 import sys
 
-COMMANDS = ("lower", "build", "fetch", "serve", "pipeline", "demo", "devices")
+COMMANDS = ("lower", "build", "fetch", "serve", "traces", "pipeline", "demo", "devices")
 
 
 class DefaultsHelpFormatter(argparse.HelpFormatter):
