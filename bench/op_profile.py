@@ -72,6 +72,12 @@ def per_op(events: list[tuple[str, float, int]], runs: int) -> dict[str, dict[st
     return dict(ops)
 
 
+def top_layers(layers: dict[str, dict[str, Any]], top: int) -> list[dict[str, Any]]:
+    """A peer's `top` slowest layers (by name: type, ms per run, exec), slowest first, as report() lists them."""
+    ranked = sorted(layers.items(), key=lambda kv: -kv[1]["ms"])[:top]
+    return [{"name": name, **layer} for name, layer in ranked]
+
+
 def profile_kubetrt(model: Path, feeds: dict[str, np.ndarray], runs: int, top: int) -> dict[str, Any]:
     """Steps timed in the plan that serves `feeds`: the whole batch's on the team, or, where the
     runtime runs this batch as streams (runtime/batch_streams.py), each stream's piece plan, its
@@ -151,12 +157,13 @@ def profile_onnxruntime(model: Path, feeds: dict[str, np.ndarray], runs: int, to
     events = [(e["args"]["op_name"], e["dur"] / 1e3, 1) for e in nodes]
     layers: dict[str, dict[str, Any]] = {}  # by the ONNX node's name, as kubetrt's kernels are named
     for e in nodes:
-        layer = layers.setdefault(e["name"].removesuffix("_kernel_time"), {"type": e["args"]["op_name"], "ms": 0.0, "exec": ""})
-        layer["ms"] += e["dur"] / 1e3 / runs
-        layer["exec"] = "x".join(str(d) for d in (e["args"].get("output_type_shape") or [{}])[0].get("float", []))
-    ranked = sorted(layers.items(), key=lambda kv: -kv[1]["ms"])[:top]
+        name = e["name"].removesuffix("_kernel_time")
+        if name not in layers:
+            shape = (e["args"].get("output_type_shape") or [{}])[0].get("float", [])
+            layers[name] = {"type": e["args"]["op_name"], "ms": 0.0, "exec": "x".join(str(d) for d in shape)}
+        layers[name]["ms"] += e["dur"] / 1e3 / runs
     return {"plain_ms": statistics.median(plain_times), "profiled_ms": statistics.fmean(profiled), "ops": per_op(events, runs),
-            "layers": [{"name": name, **layer} for name, layer in ranked]}
+            "layers": top_layers(layers, top)}
 
 
 def profile_openvino(model: Path, feeds: dict[str, np.ndarray], runs: int, top: int) -> dict[str, Any]:
@@ -184,9 +191,8 @@ def profile_openvino(model: Path, feeds: dict[str, np.ndarray], runs: int, top: 
     ops = per_op(events, runs)
     for op, v in ops.items():
         v["impl"] = sorted({layer["exec"] for layer in layers.values() if layer["type"] == op})
-    ranked = sorted(layers.items(), key=lambda kv: -kv[1]["ms"])[:top]
     return {"plain_ms": statistics.median(plain_times), "profiled_ms": statistics.fmean(profiled), "ops": ops,
-            "layers": [{"name": name, **layer} for name, layer in ranked]}
+            "layers": top_layers(layers, top)}
 
 
 def worker(runtime: str, package: Path, batch: int, runs: int, top: int) -> dict[str, Any]:

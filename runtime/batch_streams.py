@@ -249,9 +249,7 @@ class BatchStreams:
         split = self._splits.get(tuple(np.shape(x) for x in feeds))
         if split is None or split is UNSEEN:
             return None
-        whole, streams = split.choice.mean
-        prefers = whole is not None and streams is not None and streams < split.choice.MARGIN * whole
-        return split if self.mode == "always" or prefers else None
+        return split if self.mode == "always" or split.choice.alone_faster() else None
 
     def streamed(self, split: Split, feeds: list[np.ndarray]) -> list[np.ndarray]:
         """The plan's results for `feeds`, computed by `split.streams` streams of pieces."""

@@ -220,13 +220,19 @@ class TeamChoice:
         else:
             # exploring the team after calls alone takes two calls, and the first is not recorded:
             # it waits for members that fell asleep, which a short call's team time would never win back
-            faster = alone < self.MARGIN * team
+            faster = self.alone_faster()
             phase = self.calls % self.EXPLORE
             serial = faster and phase > 1 or not faster and phase == 0
             self.waking = faster and phase == 0
         if not serial and self.keeps_apart and (self.calls % self.APART_EVERY == 0 or caller_moved()):
             keep_apart()
         return serial
+
+    def alone_faster(self) -> bool:
+        """Whether the way alone (one thread; a StreamChoice's streams) has lately been faster than
+        the team by MARGIN: the way pick takes between explorations. False while either is untimed."""
+        team, alone = self.mean
+        return team is not None and alone is not None and alone < self.MARGIN * team
 
     def untimed(self) -> bool:
         """Whether this call runs on the team without pick and record: its team has been shorter
