@@ -6,6 +6,7 @@ model.onnx, driven by external load generators.
                             [--clients 1,16,64] [--seconds 10] [--warmup 3]
                             [--servers kubetrt,mlserver,kserve,triton] [--rounds 1]
                             [--kubetrt-args '--idle-poll-us 0']   # flags for kubetrt serve (an A/B)
+                            [--grpc-load h2load|ghz]
 
 Servers (each in its own venv under ~/.cache/kubetrt-bench/peers; one up at a time):
 - kubetrt: `kubetrt serve PACKAGE --port P [--grpc-port G]` on the test zoo's package, at its
@@ -35,8 +36,15 @@ Protocols, all Open Inference Protocol V2 with batch-1 requests pre-encoded once
   tensors need not cross the socket.
   kubetrt serve runs with --shared-memory; a server without the extension is printed as such.
 REST load comes from wrk (one thread, N connections, a Lua script POSTing the body and counting
-statuses), gRPC load from ghz (N workers on N connections, one CPU, the request message
-binary-encoded, template processing off). Each cell is a warm-up run, then a measured run of --seconds; after each run one
+statuses). gRPC load comes from h2load (nghttp2's HTTP/2 load generator: one thread, N connections,
+one call in flight on each, the length-prefixed message as the body of a gRPC POST), or with
+--grpc-load ghz from ghz (N workers on N connections, one CPU, the request message
+binary-encoded, template processing off). h2load sends the message as bytes and reads the answer
+as bytes, where ghz marshals and unmarshals every call's message through protobuf reflection: CPU
+taken a call from the cores the server runs on, more the larger the tensor. h2load knows no gRPC
+status, so an answer counts as OK where it carries the answer message, as large as the one a
+single call before the cell got; one without it (trailers only: any gRPC error) counts as non-OK.
+Each cell is a warm-up run, then a measured run of --seconds; after each run one
 more request is awaited, so that the next starts on an idle server (a load generator that stops
 leaves its last requests in flight). With --rounds N every server takes its turn N times, the
 servers alternating (the engine measured again before each round, its least kept), and each cell
@@ -50,7 +58,8 @@ protocol's answer is checked against onnxruntime's own outputs for the same inpu
 answers wrongly or not at all is not timed and prints the reason. The last tables give, per cell,
 kubetrt's req/s over the best peer's (above 1: kubetrt serves more) and its p99 over the lowest
 peer p99 (below 1: a shorter tail), and, at one client, each server's p50 minus its engine's
-in-process time, and the CPU time the load generator spent per request: it runs on the cores the
+in-process time (kubetrt's also minus the engine measured just before and after the cell, the mean
+of the two: the machine's speed moves between minutes), and the CPU time the load generator spent per request: it runs on the cores the
 engine's threads run on, so on a small machine the engine runs slower under load than alone.
 """
 from __future__ import annotations
@@ -59,6 +68,7 @@ import argparse
 import json
 import os
 import platform
+import re
 import resource
 import shlex
 import shutil
@@ -87,6 +97,8 @@ MAX_BATCH = 32  # rows per batch for the peers that batch (kubetrt serve's defau
 TRITON_QUEUE_DELAY_US = 0  # Triton's default: batch what queued while the model was busy, never wait
 MLSERVER_BATCH_TIME_S = 0.0005  # MLServer turns its batcher off at 0, so the shortest window that batches
 START_TIMEOUT_S = 300.0
+GRPC_LOADS = ("h2load", "ghz")
+GRPC_LOAD_WORDS = {"h2load": "h2load (1 thread)", "ghz": "ghz (1 CPU)"}
 DTYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64"}
 
 
@@ -143,6 +155,7 @@ class Bodies:
     binary: Path
     binary_header_length: int
     grpc: Path
+    grpc_framed: Path  # the same message behind gRPC's 5-byte length prefix: an HTTP/2 POST's whole body
     shm: Path  # the JSON body naming the regions
     memory: tuple[Any, Any]  # the shared memory objects (multiprocessing.shared_memory) of the input and the outputs
     out_offsets: dict[str, int]  # each output's place in its object
@@ -225,7 +238,11 @@ def write_bodies(model: Model, folder: Path) -> Bodies:
     (folder / "request.json").write_bytes(json_body(model))
     binary, header_length = binary_body(model)
     (folder / "request.bin").write_bytes(binary)
-    (folder / "request.pb").write_bytes(grpc_request(model))
+    message = grpc_request(model)
+    (folder / "request.pb").write_bytes(message)
+    from kubetrt.serving.oip_grpc.grpc_wire import MESSAGE_PREFIX
+
+    (folder / "request.grpc").write_bytes(MESSAGE_PREFIX.pack(0, len(message)) + message)
     from multiprocessing import shared_memory
 
     body, in_bytes, out_bytes, out_offsets = shm_body(model)
@@ -237,7 +254,7 @@ def write_bodies(model: Model, folder: Path) -> Bodies:
     np.frombuffer(memory[0].buf, np.uint8)[:] = np.frombuffer(  # type: ignore[arg-type]
         b"".join(model.x[t["name"]].tobytes() for t in model.inputs), np.uint8)
     return Bodies(folder / "request.json", folder / "request.bin", header_length, folder / "request.pb",
-                  folder / "request-shm.json", memory, out_offsets)
+                  folder / "request.grpc", folder / "request-shm.json", memory, out_offsets)
 
 
 # --------------------------------------------------------------------------- servers
@@ -470,9 +487,10 @@ class Cell:
     in_server_ms: float = float("nan")  # kubetrt: mean time a request spent in the server (its /metrics)
     compute_ms: float = float("nan")  # kubetrt: of that, mean time in the runtime's run of its batch
     client_cpu_ms: float = float("nan")  # the load generator's CPU time per answered request (same cores)
+    engine_ms: float = float("nan")  # kubetrt at one client: its engine's in-process p50 just before and after the cell
 
 
-TIMINGS = ("rps", "p50_ms", "p99_ms", "in_server_ms", "compute_ms", "client_cpu_ms")
+TIMINGS = ("rps", "p50_ms", "p99_ms", "in_server_ms", "compute_ms", "client_cpu_ms", "engine_ms")
 COUNTS = ("ok", "non2xx", "unavailable", "errors", "timeouts")
 
 
@@ -637,10 +655,85 @@ def ghz_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
     cell.p50_ms, cell.p99_ms = lat.get(50, float("nan")), lat.get(99, float("nan"))
 
 
+H2LOAD_SUMMARY = re.compile(r"finished in (?P<value>[\d.]+)(?P<unit>us|ms|s),")
+H2LOAD_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+H2LOAD_TRAFFIC = re.compile(r"traffic: .*?, (?:[\d.]+\w*B )?\((?P<data>\d+)\) data")
+
+
+def h2load_command(cell: Cell, server: Server, bodies: Bodies, log: Path, timeout: float,
+                   duration: float | None = None) -> list[str]:
+    """One thread, `cell.clients` connections, one call in flight on each: ModelInfer POSTed as gRPC
+    over cleartext HTTP/2, with the deadline ghz would send. Timed by `duration`, else one call."""
+    if shutil.which("h2load") is None:
+        raise FileNotFoundError("h2load missing: run bench/peers/setup.sh tools (Debian's nghttp2-client)")
+    timed = ["-D", f"{max(1, round(duration))}"] if duration is not None else ["-n", "1"]
+    return ["h2load", *timed, "-c", str(cell.clients if duration is not None else 1), "-m", "1", "-t", "1",
+            "-H", "content-type: application/grpc", "-H", "te: trailers", "-H", f"grpc-timeout: {max(1, round(timeout))}S",
+            "-d", str(bodies.grpc_framed), "--log-file", str(log),
+            f"http://127.0.0.1:{server.grpc_port}/inference.GRPCInferenceService/ModelInfer"]
+
+
+@dataclass
+class H2loadRun:
+    """One h2load run: its answers' DATA bytes, its seconds, and the latency of each call answered
+    with HTTP status 200 (a call cut off when the duration ends is not in its log: the client's doing)."""
+
+    data_bytes: int
+    seconds: float
+    answered_us: list[float]
+
+
+def read_h2load(stdout: str, log: str) -> H2loadRun:
+    """From h2load's summary and its --log-file (start in us since the epoch, HTTP status, us to
+    the answer's end; tab-separated)."""
+    traffic, took = H2LOAD_TRAFFIC.search(stdout), H2LOAD_SUMMARY.search(stdout)
+    if traffic is None or took is None:
+        raise RuntimeError(f"h2load printed no summary: {stdout[-300:]}")
+    rows = [line.split("\t") for line in log.splitlines()]
+    return H2loadRun(int(traffic["data"]), float(took["value"]) * H2LOAD_UNITS[took["unit"]],
+                     [float(r[2]) for r in rows if len(r) == 3 and r[1] == "200"])
+
+
+def grpc_outcomes(run: H2loadRun, answer_bytes: int) -> tuple[int, int]:
+    """(OK, not OK) of a run's calls answered with HTTP 200: an OK call carries one answer message
+    of `answer_bytes` in DATA, a failed one (gRPC's trailers-only error) none."""
+    if answer_bytes <= 0:
+        raise ValueError(f"answer_bytes {answer_bytes}: expected the size of one OK answer's DATA")
+    ok = min(len(run.answered_us), run.data_bytes // answer_bytes)
+    return ok, len(run.answered_us) - ok
+
+
+def h2load_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup: float, timeout: float,
+                work: Path) -> None:
+    log = work / f"h2load-{cell.clients}.log"
+
+    def run(duration: float | None) -> H2loadRun:
+        log.unlink(missing_ok=True)
+        out = subprocess.run(h2load_command(cell, server, bodies, log, timeout, duration), capture_output=True,
+                             text=True, timeout=(duration or 0) + timeout + 60)
+        return read_h2load(out.stdout, log.read_text() if log.exists() else "")
+
+    one = run(None)  # this server's OK answer: its size (check() made sure the answer is right)
+    if not one.data_bytes or len(one.answered_us) != 1:
+        raise RuntimeError("h2load's single call got no gRPC answer message")
+    if warmup > 0:
+        run(warmup)
+        drain(server, bodies)
+    cpu = children_cpu_s()
+    measured = run(seconds)
+    cell.client_cpu_ms = (children_cpu_s() - cpu) * 1e3 / max(1, len(measured.answered_us))
+    drain(server, bodies)
+    cell.ok, cell.non2xx = grpc_outcomes(measured, one.data_bytes)
+    cell.rps = cell.ok / measured.seconds
+    if measured.answered_us:
+        cell.p50_ms, cell.p99_ms = (float(v) / 1e3 for v in np.percentile(measured.answered_us, [50, 99]))
+
+
 # --------------------------------------------------------------------------- the run
 
 
-def engine_p50_ms(model: Model, device: str, seconds: float = 2.0) -> dict[str, float]:
+def engine_p50_ms(model: Model, device: str, seconds: float = 2.0,
+                  engines: tuple[str, ...] = ("kubetrt", "onnxruntime")) -> dict[str, float]:
     """In-process batch-1 median of kubetrt's runtime and of onnxruntime on the same input, each
     in a subprocess of its own (no thread pool left spinning here), the least of four windows'
     medians (a shared machine's noisy spells land in some): what serving adds is a cell's one-client
@@ -670,7 +763,7 @@ def engine_p50_ms(model: Model, device: str, seconds: float = 2.0) -> dict[str, 
     with tempfile.TemporaryDirectory() as tmp:
         np.savez(Path(tmp) / "x.npz", **model.x)  # type: ignore[arg-type]
         out = {}
-        for engine, path in (("kubetrt", model.package), ("onnxruntime", model.onnx)):
+        for engine, path in ((e, {"kubetrt": model.package, "onnxruntime": model.onnx}[e]) for e in engines):
             r = subprocess.run([sys.executable, "-c", code, str(HERE), device if engine == "kubetrt" else engine,
                                 str(Path(tmp) / "x.npz"), str(path), str(seconds)], capture_output=True, text=True)
             out[engine] = float(r.stdout.strip().splitlines()[-1]) if r.returncode == 0 else float("nan")
@@ -683,7 +776,8 @@ def progress(msg: str) -> None:
 
 def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[str], clients: list[int],
                       seconds: float, warmup: float, timeout: float, work: Path, device: str,
-                      max_batch_size: int | None = None, kubetrt_args: tuple[str, ...] = ()) -> list[Cell]:
+                      max_batch_size: int | None = None, kubetrt_args: tuple[str, ...] = (),
+                      grpc_load: str = "h2load") -> list[Cell]:
     """One server up, its answers checked, its cells measured, the server stopped."""
     cells = [Cell(kind, model.name, p, c) for p in protocols for c in clients]
     server = Server(kind, model, device=device, max_batch_size=max_batch_size, kubetrt_args=kubetrt_args)
@@ -706,9 +800,15 @@ def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[s
                     cell.missing = why
                     continue
                 try:
+                    # the machine's speed moves between minutes: kubetrt's one-client cells, which
+                    # are read against the engine, have it measured beside them
+                    beside = kind == "kubetrt" and cell.clients == 1
+                    engine = [engine_p50_ms(model, device, engines=("kubetrt",))["kubetrt"]] if beside else []
                     before = kubetrt_sums(server) if kind == "kubetrt" else {}
-                    if protocol == "grpc":
+                    if protocol == "grpc" and grpc_load == "ghz":
                         ghz_cell(cell, server, bodies, seconds, warmup, timeout)
+                    elif protocol == "grpc":
+                        h2load_cell(cell, server, bodies, seconds, warmup, timeout, work)
                     else:
                         wrk_cell(cell, server, bodies, seconds, warmup, timeout, work)
                     if kind == "kubetrt":
@@ -717,6 +817,9 @@ def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[s
                             cell.in_server_ms = d["request_duration_sum"] / d["request_duration_count"] * 1e3
                             # each request's share of its batch's run
                             cell.compute_ms = d["compute_duration_sum"] / d["batch_size_sum"] * 1e3
+                    if beside:
+                        engine.append(engine_p50_ms(model, device, engines=("kubetrt",))["kubetrt"])
+                        cell.engine_ms = statistics.mean(engine)
                 except Exception as err:  # noqa: BLE001 - the load generator's failure is this cell's reason
                     cell.missing = f"{type(err).__name__}: {str(err)[:200]}"
                 if server.proc is not None and server.proc.poll() is not None:
@@ -801,9 +904,11 @@ def main(argv: list[str] | None = None) -> int:
                    help="kubetrt serve --max-batch-size (1 turns its batching off; default: serve's own)")
     p.add_argument("--kubetrt-args", type=shlex.split, default=[], metavar="'FLAGS'",
                    help="more flags for kubetrt serve, e.g. '--idle-poll-us 0' (an A/B of a setting)")
+    p.add_argument("--grpc-load", choices=GRPC_LOADS, default=GRPC_LOADS[0],
+                   help="gRPC's load generator: h2load (bytes in, bytes out) or ghz (protobuf per call)")
     a = p.parse_args(argv)
-    for tool in ("wrk",):
-        if shutil.which(tool) is None and {"json", "binary"} & set(a.protocols):
+    for tool, protocols in (("wrk", {"json", "binary", "shm"}), ("h2load", {"grpc"} if a.grpc_load == "h2load" else set())):
+        if shutil.which(tool) is None and protocols & set(a.protocols):
             p.error(f"{tool} not found: run bench/peers/setup.sh tools")
 
     if a.rounds < 1:
@@ -829,7 +934,7 @@ def main(argv: list[str] | None = None) -> int:
                         server_dir.mkdir(parents=True, exist_ok=True)
                         for cell in serve_and_measure(kind, model, bodies, a.protocols, a.clients, a.seconds, a.warmup,
                                                       a.timeout, server_dir, a.device, a.max_batch_size,
-                                                      tuple(a.kubetrt_args)):
+                                                      tuple(a.kubetrt_args), a.grpc_load):
                             by_cell.setdefault((cell.server, cell.model, cell.protocol, cell.clients), []).append(cell)
             finally:
                 bodies.close()
@@ -838,7 +943,7 @@ def main(argv: list[str] | None = None) -> int:
     cells = [combine_rounds(rounds) for rounds in by_cell.values()]
     print(f"\nkubetrt serving bench: OIP V2 batch-1 requests, {a.seconds:g} s per cell after {a.warmup:g} s warm-up, "
           f"servers taking turns ({a.rounds} round{'s' if a.rounds > 1 else ''}"
-          f"{', per cell the median round' if a.rounds > 1 else ''}); REST load by wrk (1 thread), gRPC by ghz (1 CPU); timeout {a.timeout:g} s; "
+          f"{', per cell the median round' if a.rounds > 1 else ''}); REST load by wrk (1 thread), gRPC by {GRPC_LOAD_WORDS[a.grpc_load]}; timeout {a.timeout:g} s; "
           f"kubetrt --max-batch-size {a.max_batch_size if a.max_batch_size is not None else 'default'}"
           f"{' ' + shlex.join(a.kubetrt_args) if a.kubetrt_args else ''}")
     sys.path.insert(0, str(HERE))
@@ -868,6 +973,10 @@ def main(argv: list[str] | None = None) -> int:
             if f is not None:
                 print(f"  kubetrt  {c.protocol:<7} p50 {c.p50_ms:8.2f} ms = transport floor {f.p50_ms:.2f} ms + engine "
                       f"{eng['kubetrt']:.2f} ms + {c.p50_ms - f.p50_ms - eng['kubetrt']:.2f} ms")
+        for c in kubetrt:  # the engine measured just before and after the cell: the same spell of the machine
+            if c.engine_ms == c.engine_ms:
+                print(f"  kubetrt  {c.protocol:<7} p50 {c.p50_ms:8.2f} ms = engine beside the cell {c.engine_ms:.2f} ms + "
+                      f"{c.p50_ms - c.engine_ms:.2f} ms")
         for c in kubetrt:  # timed inside the server, so a neighbour's load on the engine is not counted as serving
             if c.in_server_ms == c.in_server_ms:
                 print(f"  kubetrt  {c.protocol:<7} in the server {c.in_server_ms:.2f} ms a request = its run "

@@ -6,8 +6,8 @@
 #   $PEERS/pytriton   NVIDIA PyTriton 0.7.0: tritonserver's C++ front ends and dynamic batcher,
 #                     the model a Python callable (Python 3.12: the wheel's Python backend stub
 #                     is built for it and loads libpython3.12.so at run time)
-# and the load generators: wrk (Debian's package, installed here with apt-get when missing) and
-# ghz (gRPC, built with `go install` into $ROOT/bin).
+# and the load generators: wrk and h2load (Debian's wrk and nghttp2-client, installed here with
+# apt-get when missing), and ghz (gRPC the protobuf way, built with `go install` into $ROOT/bin).
 #
 #   bench/peers/setup.sh [mlserver kserve pytriton tools]     # default: all four
 #
@@ -79,9 +79,12 @@ pytriton() {
   echo "$libdir" > "$PEERS/pytriton/libpython-dir"   # bench/serving.py puts it on LD_LIBRARY_PATH
 }
 tools() {
-  command -v wrk >/dev/null 2>&1 || { apt-get update -qq && apt-get install -y -qq wrk; }
+  local missing=()
+  command -v wrk >/dev/null 2>&1 || missing+=(wrk)
+  command -v h2load >/dev/null 2>&1 || missing+=(nghttp2-client)
+  [[ ${#missing[@]} -eq 0 ]] || { apt-get update -qq && apt-get install -y -qq "${missing[@]}"; }
   [[ -x $ROOT/bin/ghz ]] || (cd /tmp && GOBIN=$ROOT/bin go install "$GHZ")
-  log "tools: $(command -v wrk), $ROOT/bin/ghz ${GHZ##*@}"
+  log "tools: $(command -v wrk), $(command -v h2load), $ROOT/bin/ghz ${GHZ##*@}"
 }
 
 targets=("$@"); [[ ${#targets[@]} -gt 0 ]] || targets=(tools mlserver kserve pytriton)
