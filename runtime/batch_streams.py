@@ -165,32 +165,59 @@ class StreamChoice(omp.TeamChoice):
     (`pick` says whether to stream). The two take turns for the first TRIALS calls each, so that
     neither is judged on one call; then streams must win by a few percent, and a slower call (an
     inner kernel timing its team of one, a page fault) raises a way's time by ALPHA * RISE at most:
-    a choice made on noise costs a stream's cache, or the team's speed, for EXPLORE calls. Streams
-    far slower after the trials are not tried again (hopeless): timing the choice costs a small
-    model's call a microsecond."""
+    a choice made on noise costs a stream's cache, or the team's speed, for EXPLORE calls.
+
+    A batch's calls are long and few, so the trials may all fall in a passing load (a server's
+    event loop parsing large requests on one of the cores) and judge the ways by it. So once calls
+    have run one way for EXPLORE_SECONDS, one call runs the other: one that wins takes the choice
+    back at once (a faster call counts at once); each exploration lost doubles the wait, up to
+    MAX_EXPLORE_SECONDS, and one won starts it over. Only a short batch whose streams were far
+    slower after the trials is left whole for good (hopeless): there timing the choice costs a
+    call a microsecond, and a lost exploration a visible share of the call."""
 
     MARGIN = 0.97
     RISE = 0.1
     # the first call traced the plan and warmed the streams; the second makes the whole batch's chains
     WARM = 2
     TRIALS = 2
-    HOPELESS = 1.5  # streams this much slower than the whole batch after the trials: the signature stays whole
+    HOPELESS = 1.5  # streams this much slower than the whole batch after the trials: the signature stays whole...
+    HOPELESS_SECONDS = 1e-3  # ...where the whole batch takes less than this; a longer one is explored over time
+    EXPLORE_SECONDS, MAX_EXPLORE_SECONDS = 1.0, 16.0
     ENABLED = omp.TeamChoice.CAPABLE
 
     def __init__(self) -> None:
         super().__init__(keeps_apart=False)
+        self.spent = 0.0  # seconds of calls run the way pick takes since the other way last ran
+        self.explore_after = self.EXPLORE_SECONDS
+        self.exploring = False  # this call runs the other way, to see whether it has become the faster
 
     def hopeless(self) -> bool:
-        """Whether the trials found streams slower than the whole batch by far: not worth timing again."""
+        """Whether the trials found streams slower than a short whole batch by far: not worth timing again."""
         whole, streams = self.mean
-        return self.calls >= self.WARM + 2 * self.TRIALS and whole is not None and streams is not None and streams > self.HOPELESS * whole
+        return (self.calls >= self.WARM + 2 * self.TRIALS and whole is not None and streams is not None
+                and whole < self.HOPELESS_SECONDS and streams > self.HOPELESS * whole)
 
     def pick(self) -> bool:
         trial = self.calls - self.WARM
-        if not self.ENABLED or trial >= 2 * self.TRIALS:
-            return super().pick()
-        self.calls += 1
-        return trial >= 0 and trial % 2 == 1
+        self.exploring = False
+        if self.ENABLED and trial < 2 * self.TRIALS:
+            self.calls += 1
+            return trial >= 0 and trial % 2 == 1
+        streamed = super().pick()
+        if self.ENABLED and self.spent >= self.explore_after:
+            self.spent, self.exploring = 0.0, True
+            return not streamed
+        return streamed
+
+    def _update(self, serial: bool, seconds: float) -> None:
+        super()._update(serial, seconds)
+        if not self.exploring:
+            if self.calls > self.WARM + 2 * self.TRIALS:  # the trials ran both ways: the wait starts after them
+                self.spent += seconds
+            return
+        self.exploring = False
+        won = self.alone_faster() == serial  # the way explored is the one pick takes now
+        self.explore_after = self.EXPLORE_SECONDS if won else min(2 * self.explore_after, self.MAX_EXPLORE_SECONDS)
 
 
 @dataclass

@@ -156,16 +156,53 @@ def test_stream_choice_tries_both_then_keeps_the_faster_through_one_slow_call() 
     choice = StreamChoice()
     choice.ENABLED = True
     picks = []
-    for seconds_whole, seconds_streams in [(1.0, 0.8)] * 8:
+    for seconds_whole, seconds_streams in [(10e-3, 8e-3)] * 8:
         streamed = choice.pick()
         picks.append(streamed)
         choice.record(streamed, seconds_streams if streamed else seconds_whole)
     assert picks[:StreamChoice.WARM] == [False] * StreamChoice.WARM  # the first calls are the whole batch's own
     assert picks[StreamChoice.WARM:StreamChoice.WARM + 4] == [False, True, False, True]  # turns
     assert picks[StreamChoice.WARM + 4:] == [True, True]
-    choice.record(True, 100.0)  # one stalled streamed call
-    assert choice.mean[1] is not None and choice.mean[1] <= 0.8 * (1 + StreamChoice.ALPHA * StreamChoice.RISE) + 1e-9
+    choice.record(True, 0.1)  # one stalled streamed call
+    assert choice.mean[1] is not None and choice.mean[1] <= 8e-3 * (1 + StreamChoice.ALPHA * StreamChoice.RISE) + 1e-9
     assert choice.pick()
+
+
+def judged_over_time(choice: StreamChoice, seconds: dict[bool, float], calls: int) -> list[bool]:
+    """`calls` picks of `choice`, each way taking its `seconds` -> the ways picked (True: streams)."""
+    picks = []
+    for _ in range(calls):
+        streamed = choice.pick()
+        picks.append(streamed)
+        choice.record(streamed, seconds[streamed])
+    return picks
+
+
+def test_a_batch_judged_under_a_passing_load_takes_streams_back_once_they_are_faster() -> None:
+    """The trials ran while another thread held a core (streams at twice the whole batch's time);
+    then the load went and streams are faster: once the whole batch has run for EXPLORE_SECONDS,
+    one call streams, wins, and the calls after it stream."""
+    choice = StreamChoice()
+    choice.ENABLED = True
+    judged_over_time(choice, {False: 0.125, True: 0.25}, StreamChoice.WARM + 2 * StreamChoice.TRIALS)
+    assert not choice.alone_faster()
+    picks = judged_over_time(choice, {False: 0.125, True: 0.0625}, 15)
+    explored = round(StreamChoice.EXPLORE_SECONDS / 0.125)  # whole calls before the first exploration
+    assert picks[:explored] == [False] * explored
+    assert picks[explored:] == [True] * (15 - explored)
+
+
+def test_each_exploration_lost_doubles_the_wait_for_the_next_up_to_its_most() -> None:
+    choice = StreamChoice()
+    choice.ENABLED = True
+    choice.EXPLORE = 10**9  # no exploration by the count of calls (TeamChoice's), only by their time
+    picks = judged_over_time(choice, {False: 0.125, True: 0.25}, StreamChoice.WARM + 2 * StreamChoice.TRIALS + 700)
+    explorations = [i for i, streamed in enumerate(picks) if streamed][StreamChoice.TRIALS:]
+    whole_seconds = [0.125 * (b - a - 1) for a, b in zip(explorations, explorations[1:])]
+    waits = [StreamChoice.EXPLORE_SECONDS * 2 ** k for k in range(1, 4)]
+    assert whole_seconds[:3] == pytest.approx(waits)
+    assert max(whole_seconds) == pytest.approx(StreamChoice.MAX_EXPLORE_SECONDS)
+    assert whole_seconds[-1] == pytest.approx(StreamChoice.MAX_EXPLORE_SECONDS)
 
 
 def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None:
@@ -176,13 +213,32 @@ def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None
     split = streams._splits[(x.shape,)]
     assert split is not None
     split.choice.ENABLED = True
-    split.choice.record = lambda streamed, seconds: StreamChoice.record(split.choice, streamed, 10.0 if streamed else 1.0)  # type: ignore[method-assign]
+    split.choice.record = lambda streamed, seconds: StreamChoice.record(split.choice, streamed, 1e-3 if streamed else 1e-4)  # type: ignore[method-assign]
     for _ in range(StreamChoice.WARM + 2 * StreamChoice.TRIALS):
         streams.run([x])
     assert streams._splits[(x.shape,)] is None
     plan.calls.clear()
     streams.run([x])
     assert [batch for _, batch, _ in plan.calls] == [8]
+
+
+def test_a_long_batch_whose_streams_lost_by_far_is_still_explored() -> None:
+    plan = watched(conv_model())
+    streams = BatchStreams(plan, streams=2, mode="auto", budget=1 << 40)
+    x = np.zeros((8, 3, 12, 12), np.float32)
+    streams.run([x])
+    split = streams._splits[(x.shape,)]
+    assert split is not None
+    split.choice.ENABLED = True
+    split.choice.record = lambda streamed, seconds: StreamChoice.record(split.choice, streamed, 1.0 if streamed else 0.125)  # type: ignore[method-assign]
+    for _ in range(StreamChoice.WARM + 2 * StreamChoice.TRIALS):
+        streams.run([x])
+    assert streams._splits[(x.shape,)] is split
+    plan.calls.clear()
+    for _ in range(round(StreamChoice.EXPLORE_SECONDS / 0.125) + 1):
+        streams.run([x])
+    # whole batches of 8 until they have run EXPLORE_SECONDS, then one run explores streams: two pieces of 4
+    assert [batch for _, batch, _ in plan.calls] == [8] * round(StreamChoice.EXPLORE_SECONDS / 0.125) + [4, 4]
 
 
 def test_streaming_says_how_a_signature_runs_now() -> None:
