@@ -205,7 +205,9 @@ def test_each_exploration_lost_doubles_the_wait_for_the_next_up_to_its_most() ->
     assert whole_seconds[-1] == pytest.approx(StreamChoice.MAX_EXPLORE_SECONDS)
 
 
-def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None:
+def after_the_trials(whole_s: float, streams_s: float) -> tuple[Any, BatchStreams, np.ndarray, Any]:
+    """A conv plan's batch of 8 through its trials, each way timed as taking the seconds given ->
+    (the watched plan, its BatchStreams, the batch, its Split as the first call made it)."""
     plan = watched(conv_model())
     streams = BatchStreams(plan, streams=2, mode="auto", budget=1 << 40)
     x = np.zeros((8, 3, 12, 12), np.float32)
@@ -213,9 +215,14 @@ def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None
     split = streams._splits[(x.shape,)]
     assert split is not None
     split.choice.ENABLED = True
-    split.choice.record = lambda streamed, seconds: StreamChoice.record(split.choice, streamed, 1e-3 if streamed else 1e-4)  # type: ignore[method-assign]
+    split.choice.record = lambda streamed, seconds: StreamChoice.record(split.choice, streamed, streams_s if streamed else whole_s)  # type: ignore[method-assign]
     for _ in range(StreamChoice.WARM + 2 * StreamChoice.TRIALS):
         streams.run([x])
+    return plan, streams, x, split
+
+
+def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None:
+    plan, streams, x, _ = after_the_trials(1e-4, 1e-3)
     assert streams._splits[(x.shape,)] is None
     plan.calls.clear()
     streams.run([x])
@@ -223,16 +230,7 @@ def test_streams_far_slower_after_the_trials_leave_the_signature_whole() -> None
 
 
 def test_a_long_batch_whose_streams_lost_by_far_is_still_explored() -> None:
-    plan = watched(conv_model())
-    streams = BatchStreams(plan, streams=2, mode="auto", budget=1 << 40)
-    x = np.zeros((8, 3, 12, 12), np.float32)
-    streams.run([x])
-    split = streams._splits[(x.shape,)]
-    assert split is not None
-    split.choice.ENABLED = True
-    split.choice.record = lambda streamed, seconds: StreamChoice.record(split.choice, streamed, 1.0 if streamed else 0.125)  # type: ignore[method-assign]
-    for _ in range(StreamChoice.WARM + 2 * StreamChoice.TRIALS):
-        streams.run([x])
+    plan, streams, x, split = after_the_trials(0.125, 1.0)
     assert streams._splits[(x.shape,)] is split
     plan.calls.clear()
     for _ in range(round(StreamChoice.EXPLORE_SECONDS / 0.125) + 1):
