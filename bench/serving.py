@@ -59,8 +59,9 @@ answers wrongly or not at all is not timed and prints the reason. The last table
 kubetrt's req/s over the best peer's (above 1: kubetrt serves more) and its p99 over the lowest
 peer p99 (below 1: a shorter tail), and, at one client, each server's p50 minus its engine's
 in-process time (kubetrt's also minus the engine measured just before and after the cell, the mean
-of the two: the machine's speed moves between minutes), and the CPU time the load generator spent per request: it runs on the cores the
-engine's threads run on, so on a small machine the engine runs slower under load than alone.
+of the two: the machine's speed moves between minutes), and the CPU time the load generator spent
+per request: it runs on the cores the engine's threads run on, so on a small machine the engine
+runs slower under load than alone.
 """
 from __future__ import annotations
 
