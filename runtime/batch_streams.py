@@ -215,7 +215,6 @@ class StreamChoice(omp.TeamChoice):
             if self.calls > self.WARM + 2 * self.TRIALS:  # the trials ran both ways: the wait starts after them
                 self.spent += seconds
             return
-        self.exploring = False
         won = self.alone_faster() == serial  # the way explored is the one pick takes now
         self.explore_after = self.EXPLORE_SECONDS if won else min(2 * self.explore_after, self.MAX_EXPLORE_SECONDS)
 
