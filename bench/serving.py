@@ -82,7 +82,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -100,6 +100,7 @@ MLSERVER_BATCH_TIME_S = 0.0005  # MLServer turns its batcher off at 0, so the sh
 START_TIMEOUT_S = 300.0
 GRPC_LOADS = ("h2load", "ghz")
 GRPC_LOAD_WORDS = {"h2load": "h2load (1 thread)", "ghz": "ghz (1 CPU)"}
+R = TypeVar("R")  # what a load generator's run reports
 DTYPES = {"float32": "FP32", "float64": "FP64", "int32": "INT32", "int64": "INT64"}
 
 
@@ -582,6 +583,20 @@ def drain(server: Server, bodies: Bodies) -> None:
         pass
 
 
+def warm_then_measure(run: Callable[[float], R], server: Server, bodies: Bodies, seconds: float,
+                      warmup: float) -> tuple[R, float]:
+    """A load generator's warm-up run (unless `warmup` is 0) and its measured run, each followed by
+    drain -> (the measured run's result, the CPU seconds the load generator spent in it)."""
+    if warmup > 0:
+        run(warmup)
+        drain(server, bodies)
+    cpu = children_cpu_s()
+    result = run(seconds)
+    spent = children_cpu_s() - cpu
+    drain(server, bodies)
+    return result, spent
+
+
 def wrk_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup: float, timeout: float,
              work: Path) -> None:
     lua = work / "post.lua"
@@ -600,13 +615,8 @@ def wrk_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
             raise RuntimeError(f"wrk printed no result: {out.stdout[-300:]} {out.stderr[-300:]}")
         return json.loads(line[6:])
 
-    if warmup > 0:
-        run(warmup)
-        drain(server, bodies)
-    cpu = children_cpu_s()
-    r = run(seconds)
-    cell.client_cpu_ms = (children_cpu_s() - cpu) * 1e3 / max(1, r["requests"])
-    drain(server, bodies)
+    r, cpu_s = warm_then_measure(run, server, bodies, seconds, warmup)
+    cell.client_cpu_ms = cpu_s * 1e3 / max(1, r["requests"])
     cell.ok, cell.unavailable, cell.non2xx = r["ok"], r["unavailable"], r["other"]
     cell.errors, cell.timeouts = r["socket_errors"], r["timeouts"]
     cell.rps = r["ok"] / (r["duration_us"] / 1e6)
@@ -634,14 +644,9 @@ def ghz_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warmup:
             raise RuntimeError(f"ghz printed no result: {out.stderr[-300:]}")
         return json.loads(out.stdout)
 
-    if warmup > 0:
-        run(warmup)
-        drain(server, bodies)
-    cpu = children_cpu_s()
-    r = run(seconds)
+    r, cpu_s = warm_then_measure(run, server, bodies, seconds, warmup)
     codes: dict[str, int] = r.get("statusCodeDistribution") or {}
-    cell.client_cpu_ms = (children_cpu_s() - cpu) * 1e3 / max(1, sum(codes.values()))
-    drain(server, bodies)
+    cell.client_cpu_ms = cpu_s * 1e3 / max(1, sum(codes.values()))
     cell.ok = codes.get("OK", 0)
     cell.unavailable = codes.get("ResourceExhausted", 0)
     cell.timeouts = codes.get("DeadlineExceeded", 0)
@@ -665,8 +670,6 @@ def h2load_command(cell: Cell, server: Server, bodies: Bodies, log: Path, timeou
                    duration: float | None = None) -> list[str]:
     """One thread, `cell.clients` connections, one call in flight on each: ModelInfer POSTed as gRPC
     over cleartext HTTP/2, with the deadline ghz would send. Timed by `duration`, else one call."""
-    if shutil.which("h2load") is None:
-        raise FileNotFoundError("h2load missing: run bench/peers/setup.sh tools (Debian's nghttp2-client)")
     timed = ["-D", f"{max(1, round(duration))}"] if duration is not None else ["-n", "1"]
     return ["h2load", *timed, "-c", str(cell.clients if duration is not None else 1), "-m", "1", "-t", "1",
             "-H", "content-type: application/grpc", "-H", "te: trailers", "-H", f"grpc-timeout: {max(1, round(timeout))}S",
@@ -717,13 +720,8 @@ def h2load_cell(cell: Cell, server: Server, bodies: Bodies, seconds: float, warm
     one = run(None)  # this server's OK answer: its size (check() made sure the answer is right)
     if not one.data_bytes or len(one.answered_us) != 1:
         raise RuntimeError("h2load's single call got no gRPC answer message")
-    if warmup > 0:
-        run(warmup)
-        drain(server, bodies)
-    cpu = children_cpu_s()
-    measured = run(seconds)
-    cell.client_cpu_ms = (children_cpu_s() - cpu) * 1e3 / max(1, len(measured.answered_us))
-    drain(server, bodies)
+    measured, cpu_s = warm_then_measure(run, server, bodies, seconds, warmup)
+    cell.client_cpu_ms = cpu_s * 1e3 / max(1, len(measured.answered_us))
     cell.ok, cell.non2xx = grpc_outcomes(measured, one.data_bytes)
     cell.rps = cell.ok / measured.seconds
     if measured.answered_us:
@@ -771,6 +769,11 @@ def engine_p50_ms(model: Model, device: str, seconds: float = 2.0,
     return out
 
 
+def kubetrt_engine_ms(model: Model, device: str) -> float:
+    """kubetrt's in-process batch-1 p50 alone (engine_p50_ms), for a cell read against it."""
+    return engine_p50_ms(model, device, engines=("kubetrt",))["kubetrt"]
+
+
 def progress(msg: str) -> None:
     print(f"[serving] {msg}", file=sys.stderr, flush=True)
 
@@ -804,7 +807,7 @@ def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[s
                     # the machine's speed moves between minutes: kubetrt's one-client cells, which
                     # are read against the engine, have it measured beside them
                     beside = kind == "kubetrt" and cell.clients == 1
-                    engine = [engine_p50_ms(model, device, engines=("kubetrt",))["kubetrt"]] if beside else []
+                    engine = [kubetrt_engine_ms(model, device)] if beside else []
                     before = kubetrt_sums(server) if kind == "kubetrt" else {}
                     if protocol == "grpc" and grpc_load == "ghz":
                         ghz_cell(cell, server, bodies, seconds, warmup, timeout)
@@ -819,7 +822,7 @@ def serve_and_measure(kind: str, model: Model, bodies: Bodies, protocols: list[s
                             # each request's share of its batch's run
                             cell.compute_ms = d["compute_duration_sum"] / d["batch_size_sum"] * 1e3
                     if beside:
-                        engine.append(engine_p50_ms(model, device, engines=("kubetrt",))["kubetrt"])
+                        engine.append(kubetrt_engine_ms(model, device))
                         cell.engine_ms = statistics.mean(engine)
                 except Exception as err:  # noqa: BLE001 - the load generator's failure is this cell's reason
                     cell.missing = f"{type(err).__name__}: {str(err)[:200]}"
